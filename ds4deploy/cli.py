@@ -1,0 +1,186 @@
+"""The `ds4deploy` command line.
+
+Exit codes: 0 success; 1 a check ran and failed (stale render, model mismatch); 2 could not run or bad input.
+Every error the user can fix prints ``error: <cause>`` and ``fix: <fix>`` on stderr, with no traceback.
+Commands that Ansible calls print one JSON object on stdout (``{"changed": ...}``) so tasks report changes
+truthfully.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ds4deploy.errors import UserError
+
+
+def _recipes(names: list[str]):
+    from ds4deploy.recipe import all_recipes, load_recipe
+
+    return [load_recipe(n) for n in names] if names else all_recipes()
+
+
+def cmd_recipe_validate(ns: argparse.Namespace) -> int:
+    for r in _recipes(ns.recipes):
+        print(f"ok: {r.name} ({r.engine.name} {r.engine.version}, {r.model.served_name})")
+    return 0
+
+
+def cmd_render(ns: argparse.Namespace) -> int:
+    from ds4deploy import render
+
+    bad: list[str] = []
+    for r in _recipes(ns.recipes):
+        out = render.render(r)
+        if ns.check:
+            bad += render.stale(out)
+        else:
+            for path in render.write(out):
+                print(f"wrote {path.relative_to(render.COMPOSE_DIR.parent)}")
+    if bad:
+        raise UserError(
+            "committed renders are stale:\n  " + "\n  ".join(bad),
+            "run `ds4deploy render` and commit compose/",
+            code=1,
+        )
+    if ns.check:
+        print("renders are fresh")
+    return 0
+
+
+def _generator_spec(recipe):
+    from ds4deploy.tinymodel import TinyModelSpec
+
+    if recipe.model.source != "generated" or recipe.model.generator is None:
+        raise UserError(
+            f"recipe '{recipe.name}' has model.source '{recipe.model.source}', not 'generated'",
+            "use `ds4deploy model fetch` for hub models",
+        )
+    return TinyModelSpec(**recipe.model.generator.model_dump())
+
+
+def cmd_model_generate(ns: argparse.Namespace) -> int:
+    from ds4deploy.recipe import load_recipe
+    from ds4deploy.tinymodel import generate
+
+    recipe = load_recipe(ns.recipe)
+    dest = Path(ns.dest or recipe.model.path)
+    changed = generate(dest, _generator_spec(recipe))
+    print(json.dumps({"changed": bool(changed), "files": changed, "dest": str(dest)}))
+    return 0
+
+
+def cmd_model_manifest(ns: argparse.Namespace) -> int:
+    from ds4deploy.manifest import manifest_of_files, manifest_path
+    from ds4deploy.recipe import load_recipe
+    from ds4deploy.tinymodel import files
+
+    recipe = load_recipe(ns.recipe)
+    text = json.dumps(manifest_of_files(recipe, files(_generator_spec(recipe))), indent=2) + "\n"
+    if ns.write:
+        manifest_path(recipe).write_text(text, encoding="utf-8")
+        print(f"wrote {manifest_path(recipe)}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_model_verify(ns: argparse.Namespace) -> int:
+    from ds4deploy.manifest import load_manifest, manifest_path, verify_dir
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    model_dir = Path(ns.dir or recipe.model.path)
+    manifest = load_manifest(recipe)
+    problems = verify_dir(model_dir, manifest)
+    if problems:
+        raise UserError(
+            f"model in {model_dir} does not match {manifest_path(recipe).name}:\n  " + "\n  ".join(problems),
+            f"remove {model_dir} and deploy again (the model is regenerated or re-fetched)",
+            code=1,
+        )
+    print(json.dumps({"verified": len(manifest["files"]), "dir": str(model_dir)}))
+    return 0
+
+
+def cmd_image_context(ns: argparse.Namespace) -> int:
+    from ds4deploy.image import prepare_context
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    wheel_dirs = [Path(p) for p in ns.wheelhouse] if ns.wheelhouse else None
+    ca = Path(ns.ca_bundle) if ns.ca_bundle else None
+    changed = prepare_context(recipe, Path(ns.dest), wheel_dirs, ca)
+    print(json.dumps({"changed": changed, "context": ns.dest, "image": recipe.image_ref}))
+    return 0
+
+
+def cmd_bench_stack(ns: argparse.Namespace) -> int:
+    from ds4deploy.bench.stack import run_bench_stack
+
+    return run_bench_stack(ns)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    rp = sub.add_parser("recipe", help="recipe commands").add_subparsers(dest="sub", required=True)
+    v = rp.add_parser("validate", help="validate recipes (all when none named)")
+    v.add_argument("recipes", nargs="*")
+    v.set_defaults(func=cmd_recipe_validate)
+
+    r = sub.add_parser("render", help="render compose/<recipe>/ from recipes (all when none named)")
+    r.add_argument("recipes", nargs="*")
+    r.add_argument("--check", action="store_true", help="fail (exit 1) when a committed render is stale")
+    r.set_defaults(func=cmd_render)
+
+    mp = sub.add_parser("model", help="model commands").add_subparsers(dest="sub", required=True)
+    g = mp.add_parser("generate", help="generate the tiny checkpoint of a 'generated' recipe")
+    g.add_argument("recipe")
+    g.add_argument("--dest", help="directory (default: the recipe's model.path)")
+    g.set_defaults(func=cmd_model_generate)
+    m = mp.add_parser("manifest", help="print (or --write) the model manifest of a 'generated' recipe")
+    m.add_argument("recipe")
+    m.add_argument("--write", action="store_true", help="write recipes/<recipe>.manifest.json")
+    m.set_defaults(func=cmd_model_manifest)
+    vf = mp.add_parser("verify", help="check a model directory against the recipe's manifest")
+    vf.add_argument("recipe")
+    vf.add_argument("--dir", help="model directory (default: the recipe's model.path)")
+    vf.set_defaults(func=cmd_model_verify)
+
+    ip = sub.add_parser("image", help="image commands").add_subparsers(dest="sub", required=True)
+    c = ip.add_parser("context", help="prepare an engine image build context")
+    c.add_argument("recipe")
+    c.add_argument("--dest", required=True)
+    c.add_argument("--wheelhouse", action="append", help="wheel directory (repeatable)")
+    c.add_argument("--ca-bundle", help="extra CA certificates (PEM) for pip inside the build")
+    c.set_defaults(func=cmd_image_context)
+
+    b = sub.add_parser("bench-stack", help="deployed stack vs the same engine started bare (packaging cost)")
+    b.add_argument("--recipe", default="cpu")
+    b.add_argument("--repeats", type=int, default=5)
+    b.add_argument("--requests", type=int, default=8, help="requests per run")
+    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--out", default="docs/benchmarks.md")
+    b.set_defaults(func=cmd_bench_stack)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `ds4deploy` console script. Returns the process exit code."""
+    ns = build_parser().parse_args(argv)
+    try:
+        return ns.func(ns)
+    except UserError as exc:
+        print(f"error: {exc.cause}\nfix: {exc.fix}", file=sys.stderr)
+        return exc.code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

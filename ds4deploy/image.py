@@ -1,0 +1,138 @@
+"""Prepare an engine image's build context: Dockerfile, local wheelhouse and extra CA bundle.
+
+The build context is a directory of its own (never the repo), so the daemon receives only what the build needs:
+
+    <dest>/Dockerfile       copy of images/<arch>/Dockerfile
+    <dest>/wheelhouse/      wheels pip may install from (hard links where possible)
+    <dest>/extra-ca.pem     CA certificates appended to the image's system bundle during the build only
+
+Why a wheelhouse: the CPU engine needs ``torch==2.13.0+cpu``, a local version served only by the PyTorch CPU
+index, and air-gapped sites need every wheel local. Why a CA file: pip inside the build must trust a
+TLS-inspecting proxy the host already trusts. Neither reaches the final image (builder stage only).
+"""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from ds4deploy.errors import UserError
+from ds4deploy.recipe import REPO_ROOT, Recipe
+
+IMAGES_DIR = REPO_ROOT / "images"
+# Where PyTorch publishes CPU-only wheels (pytorch.org "Get started", pip --index-url for CPU builds).
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+
+
+def default_wheel_dirs() -> list[Path]:
+    """Wheel directories to search: $DS4_WHEELHOUSE (colon-separated) first, then pip's find-links
+    ($PIP_FIND_LINKS), then the project's own cache (.cache/wheelhouse)."""
+    dirs: list[Path] = []
+    for var in ("DS4_WHEELHOUSE", "PIP_FIND_LINKS"):
+        for part in os.environ.get(var, "").replace(" ", ":").split(":"):
+            if part and not part.startswith(("http://", "https://")):
+                dirs.append(Path(part.removeprefix("file://")))
+    dirs.append(REPO_ROOT / ".cache" / "wheelhouse")
+    return [d for d in dirs if d.is_dir()]
+
+
+def torch_wheel_name_prefix(torch_version: str) -> str:
+    """File name prefix of a torch wheel for a version, e.g. ``torch-2.13.0+cpu-cp311-``.
+
+    The container runs Debian bookworm's Python 3.11, hence cp311.
+    """
+    return f"torch-{torch_version}-cp311-"
+
+
+def _fetch_torch(version: str, into: Path) -> Path | None:
+    """Try to download the torch wheel from the PyTorch CPU index. Returns its path, or None when unreachable."""
+    into.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
+         "--index-url", TORCH_CPU_INDEX, "-d", str(into), f"torch=={version}"],
+        capture_output=True, text=True, timeout=1800, check=False,
+    )
+    if proc.returncode != 0:
+        return None
+    found = sorted(into.glob(torch_wheel_name_prefix(version) + "*.whl"))
+    return found[0] if found else None
+
+
+def _place(src: Path, dst: Path) -> bool:
+    """Hard-link (or copy) src to dst unless an identical file is there. Returns True when dst changed."""
+    if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
+        return False
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return True
+
+
+def prepare_context(
+    recipe: Recipe, dest: Path, wheel_dirs: list[Path] | None = None, ca_bundle: Path | None = None
+) -> bool:
+    """Lay out the build context for `recipe` in `dest`.
+
+    Args:
+        recipe: whose ``engine.image`` to build.
+        dest: context directory (created).
+        wheel_dirs: where to look for wheels; `default_wheel_dirs()` when None.
+        ca_bundle: extra CA certificates for pip; $PIP_CERT / $SSL_CERT_FILE / $REQUESTS_CA_BUNDLE when None.
+    Returns:
+        True when any file in the context changed (the image must be rebuilt).
+    Raises:
+        UserError: no Dockerfile for the image arch, or the torch wheel the build needs is nowhere to be had.
+    """
+    dockerfile = IMAGES_DIR / recipe.engine.image.arch / "Dockerfile"
+    if not dockerfile.is_file():
+        raise UserError(f"no Dockerfile at {dockerfile}", f"add images/{recipe.engine.image.arch}/Dockerfile")
+    dirs = default_wheel_dirs() if wheel_dirs is None else wheel_dirs
+    dest.mkdir(parents=True, exist_ok=True)
+    wheelhouse = dest / "wheelhouse"
+    wheelhouse.mkdir(exist_ok=True)
+    changed = _place(dockerfile, dest / "Dockerfile")
+
+    wanted: dict[str, Path] = {}
+    for d in dirs:
+        for whl in sorted(d.glob("*.whl")):
+            wanted.setdefault(whl.name, whl)
+    torch_version = recipe.engine.image.build_args.get("TORCH_VERSION")
+    if torch_version and not any(n.startswith(torch_wheel_name_prefix(torch_version)) for n in wanted):
+        got = _fetch_torch(torch_version, REPO_ROOT / ".cache" / "wheelhouse")
+        if got is None:
+            raise UserError(
+                f"the image build needs the wheel torch=={torch_version} (cp311, x86-64) and none was found in "
+                f"{', '.join(map(str, dirs)) or 'any wheel directory'}, nor could it be downloaded from "
+                f"{TORCH_CPU_INDEX}",
+                f"download it where you have network (pip download --no-deps --python-version 3.11 "
+                f"--only-binary=:all: --index-url {TORCH_CPU_INDEX} torch=={torch_version} -d DIR) and set "
+                "DS4_WHEELHOUSE=DIR",
+            )
+        wanted[got.name] = got
+    for name, src in wanted.items():
+        changed |= _place(src, wheelhouse / name)
+    for stale in wheelhouse.glob("*.whl"):
+        if stale.name not in wanted:
+            stale.unlink()
+            changed = True
+
+    if ca_bundle is None:
+        for var in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+            if os.environ.get(var) and Path(os.environ[var]).is_file():
+                ca_bundle = Path(os.environ[var])
+                break
+    ca_dst = dest / "extra-ca.pem"
+    if ca_bundle is not None:
+        if not ca_bundle.is_file():
+            raise UserError(f"CA bundle {ca_bundle} does not exist", "pass an existing PEM file, or none")
+        changed |= _place(ca_bundle, ca_dst)
+    elif not ca_dst.is_file() or ca_dst.stat().st_size:
+        ca_dst.write_bytes(b"")
+        changed = True
+    return changed

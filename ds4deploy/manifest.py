@@ -1,0 +1,82 @@
+"""Model manifests: the exact files a recipe's model consists of, and verification of a model directory.
+
+A manifest is JSON committed next to the recipe (``recipes/<name>.manifest.json``)::
+
+    {"recipe": "cpu", "source": "generated", "files": {"config.json": {"size": 843, "sha256": "..."}, ...}}
+
+Sizes are bytes. `verify_dir` re-hashes every listed file; any missing, extra-size or different file fails.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from ds4deploy.errors import UserError
+from ds4deploy.recipe import RECIPES_DIR, Recipe
+
+CHUNK = 1 << 20  # 1 MiB reads
+
+
+def manifest_path(recipe: Recipe) -> Path:
+    """Where the recipe's committed manifest lives."""
+    return RECIPES_DIR / f"{recipe.name}.manifest.json"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def manifest_of_files(recipe: Recipe, files: dict[str, bytes]) -> dict:
+    """Manifest dict for in-memory file contents (used for the deterministic generated model)."""
+    return {
+        "recipe": recipe.name,
+        "source": recipe.model.source,
+        "files": {
+            name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            for name, data in sorted(files.items())
+        },
+    }
+
+
+def load_manifest(recipe: Recipe) -> dict:
+    """Read the committed manifest.
+
+    Raises:
+        UserError: no manifest is committed for the recipe.
+    """
+    path = manifest_path(recipe)
+    if not path.is_file():
+        raise UserError(
+            f"no model manifest for recipe '{recipe.name}' ({path} is missing)",
+            f"create it with `ds4deploy model manifest {recipe.name} --write` and commit it",
+        )
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def verify_dir(model_dir: Path, manifest: dict) -> list[str]:
+    """Compare a model directory with a manifest.
+
+    Returns:
+        One line per problem (missing file, wrong size, wrong sha256); empty when the directory matches.
+    """
+    problems = []
+    for name, want in sorted(manifest["files"].items()):
+        path = model_dir / name
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+            continue
+        size = path.stat().st_size
+        if size != want["size"]:
+            problems.append(f"{path}: size {size} bytes, manifest says {want['size']}")
+            continue
+        digest = sha256_file(path)
+        if digest != want["sha256"]:
+            problems.append(f"{path}: sha256 {digest[:16]}..., manifest says {want['sha256'][:16]}...")
+    return problems

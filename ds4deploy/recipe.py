@@ -1,0 +1,354 @@
+"""Recipe schema: one YAML file per deployment, the single source of truth.
+
+A recipe names the hardware it was proven on, the engine image, the model, how the model is split (tensor,
+pipeline, nodes), how it is served, and what it is expected to measure. Everything else (compose files, env
+files, engine arguments, Ansible variables, check thresholds, benchmark expectations) is derived from it by
+`ds4deploy.render`.
+
+Units are in the key names: ``*_gib`` is GiB (2**30 bytes), ``*_gb`` is GB (10**9 bytes), ``*_tok_s`` is tokens per
+second, ``*_s`` seconds. Unknown keys are rejected everywhere (``extra="forbid"``); `load_recipe` turns a
+validation failure into a `UserError` naming the file, the key path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ds4deploy.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RECIPES_DIR = REPO_ROOT / "recipes"
+
+NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+
+
+class Strict(BaseModel):
+    """Base for every recipe section: unknown keys are an error, values are not coerced across types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Source(Strict):
+    """Where a fact or number comes from: a seed system, an upstream issue, a datasheet."""
+
+    source: str = Field(min_length=3, description="seed system, upstream issue or datasheet the value comes from")
+
+
+class CpuSpec(Strict):
+    """Host CPU the recipe needs. `flags` are /proc/cpuinfo flag names that must all be present."""
+
+    arch: Literal["x86_64", "aarch64"]
+    flags: list[str] = Field(default_factory=list)
+    min_cores: int = Field(ge=1)
+
+
+class GpuSpec(Strict):
+    """GPUs per node. `arch` is the CUDA compute capability tag the engine image is built for (sm70, sm86, ...)."""
+
+    count: int = Field(ge=0)
+    arch: Literal["none", "sm70", "sm86", "sm121"] = "none"
+    model: str | None = None
+    memory_gib: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _arch_matches_count(self) -> GpuSpec:
+        if (self.count == 0) != (self.arch == "none"):
+            raise ValueError("gpus.arch must be 'none' exactly when gpus.count is 0")
+        return self
+
+
+class Hardware(Strict):
+    """What one node must have. RAM and disk in GiB."""
+
+    nodes: int = Field(ge=1)
+    cpu: CpuSpec
+    gpus: GpuSpec
+    min_ram_gib: float = Field(gt=0, description="installed RAM per node, GiB")
+    numa_nodes: int = Field(default=1, ge=1)
+    min_free_disk_gib: float = Field(gt=0, description="free space needed where model and images live, GiB")
+
+
+class ImageSpec(Strict):
+    """The engine container image: built from images/<arch>/Dockerfile and tagged `repository:tag`."""
+
+    arch: Literal["cpu", "sm70", "sm86", "sm121"]
+    repository: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
+    base_image: str = Field(description="default FROM image; the build arg BASE_IMAGE overrides it")
+    build_args: dict[str, str] = Field(default_factory=dict)
+    user: str = Field(default="0:0", description="uid:gid the engine runs as inside the container")
+
+
+class Engine(Strict):
+    """The serving engine: name and pinned version, image, entrypoint and environment."""
+
+    name: str
+    version: str = Field(pattern=r"^\d+\.\d+\.\d+([.+-][A-Za-z0-9.]+)?$")
+    image: ImageSpec
+    entrypoint: list[str] = Field(min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    fork_only_flags: list[str] = Field(
+        default_factory=list,
+        description="flags this engine fork accepts that stock vLLM's parser does not",
+    )
+
+
+class GeneratorSpec(Strict):
+    """Shape of the generated tiny checkpoint (see ds4deploy.tinymodel.TinyModelSpec)."""
+
+    seed: int = 0
+    hidden_size: int = Field(default=256, ge=32)
+    intermediate_size: int = Field(default=512, ge=32)
+    num_hidden_layers: int = Field(default=2, ge=1)
+    num_attention_heads: int = Field(default=4, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
+    head_dim: int = 64
+    vocab_target: int = Field(default=1024, ge=300)
+    max_position_embeddings: int = Field(default=4096, ge=256)
+
+
+class Model(Strict):
+    """The served model. `source: generated` builds the tiny checkpoint locally; `hub` fetches `repo_id@revision`.
+
+    `path` is the directory on each node that holds the model; it is mounted read-only into the container.
+    """
+
+    source: Literal["generated", "hub"]
+    repo_id: str | None = None
+    revision: str | None = None
+    generator: GeneratorSpec | None = None
+    served_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    dtype: Literal["auto", "float16", "bfloat16", "float32", "half"]
+    quantization: str | None = None
+    size_on_disk_gb: float = Field(gt=0, description="GB (10**9 bytes)")
+    path: str = Field(pattern=r"^/")
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> Model:
+        if self.source == "generated" and self.generator is None:
+            raise ValueError("model.source 'generated' needs a model.generator section")
+        if self.source == "hub" and not (self.repo_id and self.revision):
+            raise ValueError("model.source 'hub' needs model.repo_id and a pinned model.revision")
+        return self
+
+
+class Parallelism(Strict):
+    """How the model is split: tensor x pipeline ranks over `nodes` machines."""
+
+    tensor: int = Field(ge=1)
+    pipeline: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+
+
+class Speculative(Strict):
+    """Speculative decoding, passed to vLLM as --speculative-config JSON."""
+
+    method: str
+    num_speculative_tokens: int = Field(ge=1)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Auth(Strict):
+    """API key policy. `api_key`: a key is generated on first deploy into `key_file` (mode 0600, outside the repo)
+    and handed to the engine through the environment (VLLM_API_KEY), never on its command line."""
+
+    mode: Literal["none", "api_key"]
+    key_file: str = Field(default="/etc/ds4deploy/secrets/api-key.env", pattern=r"^/")
+
+
+class Serving(Strict):
+    """How the API is exposed and what the engine schedules."""
+
+    bind_address: str
+    port: int = Field(ge=1, le=65535)
+    network_mode: Literal["bridge", "host"] = "bridge"
+    max_model_len: int = Field(ge=16, description="tokens per request (prompt + output)")
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    kv_cache_dtype: str | None = None
+    speculative: Speculative | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    tokenizer_mode: str | None = None
+    enable_auto_tool_choice: bool = False
+    enable_prefix_caching: bool | None = None
+    auth: Auth
+    extra_args: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="further engine flags, name without leading dashes -> value (true = bare flag)",
+    )
+
+    @field_validator("bind_address")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        ipaddress.ip_address(v)
+        return v
+
+    @model_validator(mode="after")
+    def _auth_when_exposed(self) -> Serving:
+        if not ipaddress.ip_address(self.bind_address).is_loopback and self.auth.mode == "none":
+            raise ValueError(
+                f"serving.bind_address {self.bind_address} is not loopback, so serving.auth.mode must be "
+                "'api_key' (an open port would serve anyone on the network)"
+            )
+        return self
+
+
+class Container(Strict):
+    """Container runtime settings for the engine service."""
+
+    shm_size: str = Field(pattern=r"^\d+[bkmg]$")
+    ipc_host: bool = False
+    memlock_unlimited: bool = False
+    stack_bytes: int | None = None
+    infiniband: bool = False
+    start_period_s: int = Field(ge=10, description="healthcheck grace while the model loads")
+    restart: Literal["no", "always", "on-failure", "unless-stopped"] = "unless-stopped"
+    log_max_size: str = "50m"
+    log_max_files: int = Field(default=5, ge=1)
+
+
+class Range(Strict):
+    """An expected measurement: low..high, with the source it comes from."""
+
+    low: float
+    high: float
+    source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.low > self.high:
+            raise ValueError(f"range low {self.low} is above high {self.high}")
+        return self
+
+
+class Expected(Strict):
+    """Expected benchmark figures; the bench harness compares each cell against these."""
+
+    decode_tok_s: Range | None = None
+    ttft_s: Range | None = None
+    deploy_s: Range | None = None
+
+
+class Recipe(Strict):
+    """A whole deployment. See recipes/cpu.yaml for a commented example."""
+
+    schema_version: Literal[1]
+    name: Annotated[str, Field(pattern=NAME_RE)]
+    description: str
+    hardware: Hardware
+    engine: Engine
+    model: Model
+    parallelism: Parallelism
+    serving: Serving
+    container: Container
+    tuning: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    expected: Expected = Field(default_factory=Expected)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        if self.parallelism.nodes != self.hardware.nodes:
+            raise ValueError(
+                f"parallelism.nodes={self.parallelism.nodes} differs from hardware.nodes={self.hardware.nodes}"
+            )
+        return self
+
+    @property
+    def image_ref(self) -> str:
+        """``repository:tag`` of the engine image."""
+        return f"{self.engine.image.repository}:{self.engine.image.tag}"
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def _allowed(err: dict[str, Any]) -> str:
+    ctx = err.get("ctx") or {}
+    if err["type"] == "extra_forbidden":
+        return "remove it, or check the spelling against the schema in ds4deploy/recipe.py"
+    if err["type"] == "literal_error" and "expected" in ctx:
+        return f"allowed: {ctx['expected']}"
+    if err["type"] == "missing":
+        return "add this key"
+    if "pattern" in ctx:
+        return f"must match {ctx['pattern']}"
+    for k, word in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
+        if k in ctx:
+            return f"must be {word} {ctx[k]}"
+    return err["msg"]
+
+
+def resolve_recipe_path(name_or_path: str) -> Path:
+    """Map a recipe name (``cpu``) or a path to the YAML file.
+
+    Raises:
+        UserError: no such recipe; the message lists the recipes that exist.
+    """
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
+        if p.is_file():
+            return p
+    elif (RECIPES_DIR / f"{name_or_path}.yaml").is_file():
+        return RECIPES_DIR / f"{name_or_path}.yaml"
+    known = ", ".join(sorted(x.stem for x in RECIPES_DIR.glob("*.yaml"))) or "(none)"
+    raise UserError(f"no recipe named '{name_or_path}'", f"use one of: {known}, or a path to a recipe YAML")
+
+
+def load_recipe(name_or_path: str | Path) -> Recipe:
+    """Load and validate a recipe.
+
+    Args:
+        name_or_path: a name under recipes/ (without .yaml) or a path to a YAML file.
+    Returns:
+        The validated `Recipe`.
+    Raises:
+        UserError: missing file, YAML syntax error, or schema violation. The message names the file, every bad
+            key path with its value, and what is allowed there.
+    """
+    path = resolve_recipe_path(str(name_or_path))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(
+            f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}",
+            "fix the YAML syntax (yamllint shows the spot)",
+        ) from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            value = "" if err["type"] == "missing" else f" = {err.get('input')!r}"
+            lines.append(f"  {_fmt_loc(err['loc'])}{value}: {err['msg']} ({_allowed(err)})")
+        raise UserError(
+            f"{path}: {len(lines)} problem(s) in the recipe:\n" + "\n".join(lines),
+            f"edit {path} as listed above; recipes/cpu.yaml is a valid example",
+        ) from None
+    if recipe.name != path.stem:
+        raise UserError(
+            f"{path}: recipe name '{recipe.name}' differs from its file name '{path.stem}'",
+            f"set name: {path.stem}, or rename the file",
+        )
+    if re.search(r"\s", recipe.engine.image.repository):
+        raise UserError(f"{path}: engine.image.repository has spaces", "use a docker image name")
+    return recipe
+
+
+def all_recipes() -> list[Recipe]:
+    """Every recipe under recipes/, validated, sorted by name."""
+    return [load_recipe(p) for p in sorted(RECIPES_DIR.glob("*.yaml"))]
