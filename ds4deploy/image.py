@@ -24,18 +24,36 @@ from ds4deploy.errors import UserError
 from ds4deploy.recipe import REPO_ROOT, Recipe
 
 IMAGES_DIR = REPO_ROOT / "images"
-# Where PyTorch publishes CPU-only wheels (pytorch.org "Get started", pip --index-url for CPU builds).
-TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+# Where PyTorch publishes CPU-only wheels (pytorch.org "Get started", pip --index-url for CPU builds);
+# $DS4_TORCH_INDEX points at a mirror.
+TORCH_CPU_INDEX = os.environ.get("DS4_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
+
+
+def _pip_config_find_links() -> list[str]:
+    """find-links entries from pip's configuration files (``pip config list``), e.g. a site wheel mirror."""
+    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                          check=False, timeout=60)
+    out = []
+    for line in proc.stdout.splitlines():
+        key, _, value = line.partition("=")
+        if key.endswith("find-links"):
+            out += value.strip().strip("'\"").split()
+    return out
 
 
 def default_wheel_dirs() -> list[Path]:
-    """Wheel directories to search: $DS4_WHEELHOUSE (colon-separated) first, then pip's find-links
-    ($PIP_FIND_LINKS), then the project's own cache (.cache/wheelhouse)."""
-    dirs: list[Path] = []
+    """Wheel directories to search, in order: $DS4_WHEELHOUSE (colon-separated), pip's find-links ($PIP_FIND_LINKS
+    and pip's config files), then the project's own cache (.cache/wheelhouse). URLs are skipped."""
+    parts: list[str] = []
     for var in ("DS4_WHEELHOUSE", "PIP_FIND_LINKS"):
-        for part in os.environ.get(var, "").replace(" ", ":").split(":"):
-            if part and not part.startswith(("http://", "https://")):
-                dirs.append(Path(part.removeprefix("file://")))
+        parts += os.environ.get(var, "").replace(" ", ":").split(":")
+    parts += _pip_config_find_links()
+    dirs: list[Path] = []
+    for part in parts:
+        if part and not part.startswith(("http://", "https://")):
+            d = Path(part.removeprefix("file://"))
+            if d not in dirs:
+                dirs.append(d)
     dirs.append(REPO_ROOT / ".cache" / "wheelhouse")
     return [d for d in dirs if d.is_dir()]
 
@@ -51,9 +69,17 @@ def torch_wheel_name_prefix(torch_version: str) -> str:
 def _fetch_torch(version: str, into: Path) -> Path | None:
     """Try to download the torch wheel from the PyTorch CPU index. Returns its path, or None when unreachable."""
     into.mkdir(parents=True, exist_ok=True)
+    # --isolated: only the PyTorch index, not pip's configured find-links (already searched by the caller).
+    extra: list[str] = []
+    cert = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
+    if cert:
+        extra += ["--cert", cert]
+    proxy = os.environ.get("https_proxy") or os.environ.get("HTTPS_PROXY")
+    if proxy:
+        extra += ["--proxy", proxy]
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.11",
-         "--index-url", TORCH_CPU_INDEX, "-d", str(into), f"torch=={version}"],
+        [sys.executable, "-m", "pip", "download", "--isolated", *extra, "--no-deps", "--only-binary=:all:",
+         "--python-version", "3.11", "--index-url", TORCH_CPU_INDEX, "-d", str(into), f"torch=={version}"],
         capture_output=True, text=True, timeout=1800, check=False,
     )
     if proc.returncode != 0:
@@ -62,15 +88,22 @@ def _fetch_torch(version: str, into: Path) -> Path | None:
     return found[0] if found else None
 
 
-def _place(src: Path, dst: Path) -> bool:
-    """Hard-link (or copy) src to dst unless an identical file is there. Returns True when dst changed."""
-    if dst.is_file() and filecmp.cmp(src, dst, shallow=False):
+def _place(src: Path, dst: Path, link: bool = False) -> bool:
+    """Copy src to dst unless an identical file is there. Returns True when dst changed.
+
+    `link=True` hard-links instead (for wheels: immutable by name, and large); a hard link shares its inode, so
+    only files that are never edited in place may be linked, or a change would go unnoticed.
+    """
+    if dst.is_file() and (os.path.samefile(src, dst) or filecmp.cmp(src, dst, shallow=False)):
         return False
     dst.unlink(missing_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+    if link:
+        try:
+            os.link(src, dst)
+            return True
+        except OSError:
+            pass
+    shutil.copy2(src, dst)
     return True
 
 
@@ -116,7 +149,7 @@ def prepare_context(
             )
         wanted[got.name] = got
     for name, src in wanted.items():
-        changed |= _place(src, wheelhouse / name)
+        changed |= _place(src, wheelhouse / name, link=True)
     for stale in wheelhouse.glob("*.whl"):
         if stale.name not in wanted:
             stale.unlink()

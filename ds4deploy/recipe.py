@@ -13,6 +13,7 @@ validation failure into a `UserError` naming the file, the key path, the bad val
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,7 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from ds4deploy.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-RECIPES_DIR = REPO_ROOT / "recipes"
+# $DS4_RECIPES_DIR points the tool at another recipe directory (tests, a site's private recipes).
+RECIPES_DIR = Path(os.environ.get("DS4_RECIPES_DIR") or REPO_ROOT / "recipes")
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +25,14 @@ from ds4deploy.engine_args import CONTAINER_MODEL_DIR, engine_args
 from ds4deploy.errors import UserError
 from ds4deploy.recipe import REPO_ROOT, Recipe, resolve_recipe_path
 
-COMPOSE_DIR = REPO_ROOT / "compose"
+# $DS4_COMPOSE_DIR renders elsewhere (tests, private recipes); the committed renders live in compose/.
+COMPOSE_DIR = Path(os.environ.get("DS4_COMPOSE_DIR") or REPO_ROOT / "compose")
 
 _ENV = SandboxedEnvironment(
     loader=PackageLoader("ds4deploy", "templates"),
     undefined=StrictUndefined,
     keep_trailing_newline=True,
-    autoescape=False,  # noqa: S701 - output is YAML and env files, not HTML
+    autoescape=False,  # output is YAML and env files, not HTML
 )
 
 

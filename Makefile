@@ -1,0 +1,85 @@
+# ds4deploy: the two set-up commands are `make deploy` and `make test`.
+#   make deploy [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml]
+#   make test                 lint, unit tests, end-to-end deploy + host/serving checks, teardown
+#   make down | status | logs
+#   make render               re-render compose/ from recipes/
+#   make base-image           Debian bookworm base via debootstrap (no registry needed)
+#   make bench-stack          packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+RECIPE ?= cpu
+INVENTORY ?= ansible/inventories/local.yml
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+ANSIBLE_ENV := ANSIBLE_CONFIG=ansible/ansible.cfg ANSIBLE_FORCE_COLOR=$(if $(CI),0,1)
+STACK_DIR := /opt/ds4deploy/stacks/$(RECIPE)
+
+.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack clean
+
+help:
+	@sed -n '1,10p' Makefile | sed 's/^# \{0,1\}//'
+
+# The control-host toolchain: ds4deploy itself, Ansible with community.docker, linters, testinfra.
+$(BIN)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; fix: install Python 3.11+"; exit 2; }
+	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[deploy,dev]'
+	@touch $@
+
+venv: $(BIN)/.installed
+
+deploy: venv
+	@$(BIN)/ds4deploy recipe validate $(RECIPE) >/dev/null && $(BIN)/ds4deploy render --check $(RECIPE) >/dev/null
+	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE)
+	@$(BIN)/python -m ds4deploy.summary $(RECIPE)
+
+down: venv
+	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/down.yml -e recipe=$(RECIPE)
+
+status:
+	@docker compose --project-directory $(STACK_DIR) ps
+	@curl -fsS -o /dev/null -w 'GET /health -> %{http_code}\n' http://127.0.0.1:$$(sed -n 's/^ds4_port: //p' compose/$(RECIPE)/deploy-vars.yml)/health || true
+
+logs:
+	docker compose --project-directory $(STACK_DIR) logs --tail 200 -f
+
+render: venv
+	$(BIN)/ds4deploy render
+
+lint: venv
+	$(BIN)/ruff check ds4deploy tests
+	$(BIN)/yamllint -s .
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml down.yml roles
+	$(BIN)/hadolint images/*/Dockerfile
+	$(BIN)/ds4deploy render --check
+	@for f in compose/*/compose.yaml; do \
+	  DS4_SECRETS_ENV=/dev/null $(BIN)/docker-compose -f $$f config --quiet && echo "compose config ok: $$f"; done
+
+unit: venv
+	$(BIN)/pytest -q tests/unit
+
+# Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down.
+e2e: venv
+	$(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
+	status=0; \
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
+	[ $$status -ne 0 ] || $(BIN)/pytest -q tests/e2e || status=$$?; \
+	$(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
+	exit $$status
+
+test: lint unit e2e
+
+base-image:
+	images/base/build-base.sh
+
+bench-stack: venv
+	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE)
+
+clean:
+	rm -rf .cache build *.egg-info

