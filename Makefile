@@ -4,7 +4,7 @@
 #   make down | status | logs
 #   make render               re-render compose/ from recipes/
 #   make base-image           Debian bookworm base via debootstrap (no registry needed)
-#   make bench-stack          packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
+#   make bench-stack [COLD=1] packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -79,7 +79,7 @@ base-image:
 	images/base/build-base.sh
 
 bench-stack: venv
-	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE)
+	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE) $(if $(COLD),--cold)
 
 clean:
 	rm -rf .cache build *.egg-info

@@ -165,6 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--requests", type=int, default=8, help="requests per run")
     b.add_argument("--max-tokens", type=int, default=128)
     b.add_argument("--out", default="docs/benchmarks.md")
+    b.add_argument("--cold", action="store_true", help="also time a cold deploy (removes the engine and base images)")
     b.set_defaults(func=cmd_bench_stack)
     return p
 

@@ -211,6 +211,9 @@ class Container(Strict):
     memlock_unlimited: bool = False
     stack_bytes: int | None = None
     infiniband: bool = False
+    cap_add: list[Literal["SYS_NICE", "IPC_LOCK", "SYS_PTRACE"]] = Field(
+        default_factory=list, description="Linux capabilities added to the engine container"
+    )
     start_period_s: int = Field(ge=10, description="healthcheck grace while the model loads")
     restart: Literal["no", "always", "on-failure", "unless-stopped"] = "unless-stopped"
     log_max_size: str = "50m"

@@ -231,7 +231,7 @@ def write_report(res: dict, md_path: Path) -> None:
         "|---|---|",
     ]
     if "cold_s" in d:
-        lines.append(f"| cold (no image, no base, no model cache: debootstrap + image build + start) | {d['cold_s']:.0f} |")
+        lines.append(f"| cold (no engine or base image: debootstrap, image build, start) | {d['cold_s']:.0f} |")
     lines += [
         f"| warm (image and model present, stack down -> healthy) | {d['warm_s']:.0f} |",
         f"| no-op re-deploy (stack up, nothing to change) | {d['noop_s']:.0f} |",

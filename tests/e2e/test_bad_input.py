@@ -52,7 +52,8 @@ def test_unwritable_model_directory(scratch, tmp_path):
         p = scratch.deploy(name)
     finally:
         subprocess.run(["umount", str(ro)], check=False)
-    _assert_clean_failure(p, f"ds4-{name}", f"could not write the model to {ro}/models/tiny", "Fix: make")
+    _assert_clean_failure(p, f"ds4-{name}", f"the model directory {ro}/models/tiny cannot be created",
+                          "Fix: make it writable")
 
 
 def test_failed_image_build_leaves_nothing_running(scratch):

@@ -54,7 +54,7 @@ def test_missing_torch_wheel_is_one_clear_message(tmp_path, monkeypatch):
 
 
 def test_missing_ca_bundle_is_named(tmp_path, wheels):
-    with pytest.raises(UserError, match="CA bundle .* does not exist"):
+    with pytest.raises(UserError, match=r"CA bundle .* does not exist"):
         image.prepare_context(load_recipe("cpu"), tmp_path / "ctx", [wheels], tmp_path / "nope.pem")
 
 
