@@ -75,10 +75,17 @@ def cmd_model_generate(ns: argparse.Namespace) -> int:
 def cmd_model_manifest(ns: argparse.Namespace) -> int:
     from ds4deploy.manifest import manifest_of_files, manifest_path
     from ds4deploy.recipe import load_recipe
-    from ds4deploy.tinymodel import files
 
     recipe = load_recipe(ns.recipe)
-    text = json.dumps(manifest_of_files(recipe, files(_generator_spec(recipe))), indent=2) + "\n"
+    if recipe.model.source == "hub":
+        from ds4deploy.hub import hub_manifest
+
+        manifest = hub_manifest(recipe)
+    else:
+        from ds4deploy.tinymodel import files
+
+        manifest = manifest_of_files(recipe, files(_generator_spec(recipe)))
+    text = json.dumps(manifest, indent=2) + "\n"
     if ns.write:
         manifest_path(recipe).write_text(text, encoding="utf-8")
         print(f"wrote {manifest_path(recipe)}")
@@ -102,6 +109,46 @@ def cmd_model_verify(ns: argparse.Namespace) -> int:
             code=1,
         )
     print(json.dumps({"verified": len(manifest["files"]), "dir": str(model_dir)}))
+    return 0
+
+
+def cmd_model_fetch(ns: argparse.Namespace) -> int:
+    from ds4deploy.hub import fetch
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    dest = fetch(recipe, Path(ns.dest or recipe.model.path))
+    print(json.dumps({"dest": str(dest)}))
+    return 0
+
+
+def cmd_model_stage(ns: argparse.Namespace) -> int:
+    """Generate or fetch the model into a staging directory, verify it against the committed manifest, and print
+    the sha256 of every file (what the nodes' copies are checked against)."""
+    from ds4deploy.manifest import load_manifest, manifest_path, sha256_map, verify_dir
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    dest = Path(ns.dest)
+    manifest = load_manifest(recipe)
+    before = verify_dir(dest, manifest) if dest.is_dir() else ["absent"]
+    if recipe.model.source == "generated":
+        from ds4deploy.tinymodel import generate
+
+        generate(dest, _generator_spec(recipe))
+    elif before:
+        from ds4deploy.hub import fetch
+
+        fetch(recipe, dest)
+    problems = verify_dir(dest, manifest)
+    if problems:
+        raise UserError(
+            f"the staged model in {dest} does not match {manifest_path(recipe).name}:\n  " + "\n  ".join(problems),
+            f"if the recipe's model changed on purpose, rebuild the manifest (`ds4deploy model manifest "
+            f"{recipe.name} --write`); otherwise delete {dest} and deploy again",
+            code=1,
+        )
+    print(json.dumps({"changed": bool(before), "dest": str(dest), "sha256": sha256_map(dest, manifest)}))
     return 0
 
 
@@ -142,10 +189,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("recipe")
     g.add_argument("--dest", help="directory (default: the recipe's model.path)")
     g.set_defaults(func=cmd_model_generate)
-    m = mp.add_parser("manifest", help="print (or --write) the model manifest of a 'generated' recipe")
+    m = mp.add_parser("manifest", help="print (or --write) the model manifest (generated: from the generator; "
+                      "hub: from the hub's file metadata)")
     m.add_argument("recipe")
     m.add_argument("--write", action="store_true", help="write recipes/<recipe>.manifest.json")
     m.set_defaults(func=cmd_model_manifest)
+    f = mp.add_parser("fetch", help="download a 'hub' recipe's pinned revision (resumable, parallel)")
+    f.add_argument("recipe")
+    f.add_argument("--dest", help="directory (default: the recipe's model.path)")
+    f.set_defaults(func=cmd_model_fetch)
+    st = mp.add_parser("stage", help="generate or fetch into --dest, verify against the manifest, print sha256s")
+    st.add_argument("recipe")
+    st.add_argument("--dest", required=True)
+    st.set_defaults(func=cmd_model_stage)
     vf = mp.add_parser("verify", help="check a model directory against the recipe's manifest")
     vf.add_argument("recipe")
     vf.add_argument("--dir", help="model directory (default: the recipe's model.path)")

@@ -4,7 +4,9 @@ A manifest is JSON committed next to the recipe (``recipes/<name>.manifest.json`
 
     {"recipe": "cpu", "source": "generated", "files": {"config.json": {"size": 843, "sha256": "..."}, ...}}
 
-Sizes are bytes. `verify_dir` re-hashes every listed file; any missing, extra-size or different file fails.
+Sizes are bytes. Each file carries ``sha256`` or, for small files of a hub repository whose metadata records only
+their git object id, ``git_sha1`` (sha1 of ``b"blob <size>\0" + content``, as git computes it).
+`verify_dir` re-hashes every listed file; any missing, wrong-size or different file fails.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ def manifest_path(recipe: Recipe) -> Path:
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
     h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def git_sha1_file(path: Path) -> str:
+    """Git blob object id of a file: sha1 over ``b"blob <size>\0"`` followed by the content."""
+    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
     with path.open("rb") as fh:
         while chunk := fh.read(CHUNK):
             h.update(chunk)
@@ -76,7 +87,13 @@ def verify_dir(model_dir: Path, manifest: dict) -> list[str]:
         if size != want["size"]:
             problems.append(f"{path}: size {size} bytes, manifest says {want['size']}")
             continue
-        digest = sha256_file(path)
-        if digest != want["sha256"]:
-            problems.append(f"{path}: sha256 {digest[:16]}..., manifest says {want['sha256'][:16]}...")
+        kind = "sha256" if "sha256" in want else "git_sha1"
+        digest = sha256_file(path) if kind == "sha256" else git_sha1_file(path)
+        if digest != want[kind]:
+            problems.append(f"{path}: {kind} {digest[:16]}..., manifest says {want[kind][:16]}...")
     return problems
+
+
+def sha256_map(model_dir: Path, manifest: dict) -> dict[str, str]:
+    """sha256 of every manifest file in a verified directory: what each node's copy is checked against."""
+    return {name: (want.get("sha256") or sha256_file(model_dir / name)) for name, want in manifest["files"].items()}

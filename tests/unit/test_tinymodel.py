@@ -69,3 +69,26 @@ def test_unwritable_destination_is_a_clear_error(tmp_path, spec):
     blocker.write_text("x")
     with pytest.raises(UserError, match="could not write the model"):
         generate(blocker / "model", spec)
+
+
+def test_stage_generates_verifies_and_reports_sha256(tmp_path):
+    dest = tmp_path / "staged"
+    p = run_cli("model", "stage", "cpu", "--dest", str(dest))
+    assert p.returncode == 0, p.stderr
+    out = json.loads(p.stdout)
+    manifest = load_manifest(load_recipe("cpu"))
+    assert out["changed"] is True
+    assert out["sha256"] == {k: v["sha256"] for k, v in manifest["files"].items()}
+    assert json.loads(run_cli("model", "stage", "cpu", "--dest", str(dest)).stdout)["changed"] is False
+
+
+def test_stage_refuses_a_generator_that_drifted_from_the_manifest(recipe_dir, tmp_path):
+    import yaml
+
+    data = yaml.safe_load((recipe_dir / "cpu.yaml").read_text())
+    data["model"]["generator"]["seed"] = 1
+    (recipe_dir / "cpu.yaml").write_text(yaml.safe_dump(data))
+    p = run_cli("model", "stage", "cpu", "--dest", str(tmp_path / "staged"), env_dir=recipe_dir)
+    assert p.returncode == 1
+    assert "model.safetensors: sha256" in p.stderr
+    assert "ds4deploy model manifest cpu --write" in p.stderr

@@ -1,0 +1,141 @@
+"""A local HTTP server that speaks the part of the Hugging Face Hub protocol huggingface_hub uses to download a
+pinned revision, so `ds4deploy model fetch`/`manifest` are tested end to end without network access.
+
+Endpoints (as the hub serves them):
+  GET  /api/models/<ns>/<name>/revision/<rev>   model info: sha, siblings (rfilename, size, blobId, lfs)
+  GET  /api/models/<ns>/<name>/tree/<rev>       file listing: type, path, size, oid, lfs
+  HEAD /<ns>/<name>/resolve/<rev>/<file>        X-Repo-Commit, ETag, Content-Length
+  GET  /<ns>/<name>/resolve/<rev>/<file>        the bytes (Range supported, for resumed downloads)
+Unknown repositories answer 404 with X-Error-Code RepoNotFound, unknown revisions RevisionNotFound, missing files
+EntryNotFound: the codes huggingface_hub maps to its exceptions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+LFS_THRESHOLD = 10_000  # bytes; larger files are "LFS" files with a sha256, as on the hub
+
+
+class FakeHub:
+    """Serve `files` (name -> bytes) as repository `repo_id` at commit `sha` on 127.0.0.1:<port>."""
+
+    def __init__(self, repo_id: str, sha: str, files: dict[str, bytes]) -> None:
+        self.repo_id, self.sha, self.files = repo_id, sha, dict(files)
+        self.missing: set[str] = set()  # listed in the metadata but 404 on download
+        self.served: dict[str, bytes] = {}  # what download returns instead of the real bytes (corruption tests)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> FakeHub:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def siblings(self) -> list[dict]:
+        out = []
+        for name, data in sorted(self.files.items()):
+            blob = hashlib.sha1(f"blob {len(data)}\0".encode() + data, usedforsecurity=False).hexdigest()
+            s = {"rfilename": name, "size": len(data), "blobId": blob}
+            if len(data) > LFS_THRESHOLD:
+                s["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            out.append(s)
+        return out
+
+    def _handler(self):
+        hub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _error(self, code: str, status: int = 404) -> None:
+                self.send_response(status)
+                self.send_header("X-Error-Code", code)
+                self.send_header("Content-Type", "application/json")
+                body = json.dumps({"error": code}).encode()
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            def _route(self):
+                path = self.path.split("?", 1)[0]
+                parts = path.strip("/").split("/")
+                if parts[:2] == ["api", "models"] and len(parts) >= 6 and parts[4] in ("revision", "tree"):
+                    return ("info" if parts[4] == "revision" else "tree"), "/".join(parts[2:4]), parts[5], None
+                if len(parts) >= 5 and parts[2] == "resolve":
+                    return "file", "/".join(parts[:2]), parts[3], "/".join(parts[4:])
+                return None, None, None, None
+
+            def _check(self, repo, rev) -> bool:
+                if repo != hub.repo_id:
+                    self._error("RepoNotFound")
+                    return False
+                if rev not in (hub.sha, "main"):
+                    self._error("RevisionNotFound")
+                    return False
+                return True
+
+            def do_GET(self) -> None:
+                self._serve(body=True)
+
+            def do_HEAD(self) -> None:
+                self._serve(body=False)
+
+            def _serve(self, body: bool) -> None:
+                kind, repo, rev, name = self._route()
+                if kind is None:
+                    self._error("NotFound")
+                    return
+                if not self._check(repo, rev):
+                    return
+                if kind in ("info", "tree"):
+                    if kind == "info":
+                        doc = {"id": hub.repo_id, "modelId": hub.repo_id, "sha": hub.sha,
+                               "siblings": hub.siblings(), "private": False}
+                    else:
+                        doc = [{"type": "file", "path": s["rfilename"], "size": s["size"], "oid": s["blobId"],
+                                **({"lfs": {"oid": s["lfs"]["sha256"], "size": s["size"], "pointerSize": 134}}
+                                   if "lfs" in s else {})} for s in hub.siblings()]
+                    data = json.dumps(doc).encode()
+                    self.send_response(200)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    if body:
+                        self.wfile.write(data)
+                    return
+                if name not in hub.files or name in hub.missing:
+                    self._error("EntryNotFound")
+                    return
+                real = hub.files[name]
+                data = hub.served.get(name, real)
+                etag = hashlib.sha256(real).hexdigest() if len(real) > LFS_THRESHOLD else hashlib.sha1(
+                    f"blob {len(real)}\0".encode() + real, usedforsecurity=False).hexdigest()
+                start = 0
+                rng = self.headers.get("Range")
+                if rng and rng.startswith("bytes="):
+                    start = int(rng[6:].split("-")[0] or 0)
+                chunk = data[start:]
+                self.send_response(206 if start else 200)
+                self.send_header("X-Repo-Commit", hub.sha)
+                self.send_header("ETag", f'"{etag}"')
+                self.send_header("Content-Length", str(len(chunk)))
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.end_headers()
+                if body:
+                    self.wfile.write(chunk)
+
+        return Handler
