@@ -37,7 +37,7 @@ venv: $(BIN)/.installed
 deploy: venv
 	@$(BIN)/ds4deploy recipe validate $(RECIPE) >/dev/null && $(BIN)/ds4deploy render --check $(RECIPE) >/dev/null
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE)
-	@$(BIN)/python -m ds4deploy.summary $(RECIPE)
+	@$(BIN)/ds4deploy summary $(RECIPE)
 
 down: venv
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/down.yml -e recipe=$(RECIPE)
@@ -68,7 +68,7 @@ unit: venv
 e2e: venv
 	$(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; \
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
+	DS4_RECIPE=$(RECIPE) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
 	[ $$status -ne 0 ] || $(BIN)/pytest -q tests/e2e || status=$$?; \
 	$(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
 	exit $$status

@@ -17,22 +17,28 @@ from ds4deploy.errors import UserError
 
 
 def _recipes(names: list[str]):
+    """The named recipes, validated; every recipe under recipes/ when none are named."""
     from ds4deploy.recipe import all_recipes, load_recipe
 
     return [load_recipe(n) for n in names] if names else all_recipes()
 
 
 def cmd_recipe_validate(ns: argparse.Namespace) -> int:
+    """Validate the named recipes (all when none are named); exit 2 with the problems listed otherwise."""
     for r in _recipes(ns.recipes):
         print(f"ok: {r.name} ({r.engine.name} {r.engine.version}, {r.model.served_name})")
     return 0
 
 
 def cmd_render(ns: argparse.Namespace) -> int:
+    """Render recipes into compose/<name>/, or with --check report stale, missing and orphaned renders."""
     from ds4deploy import render
 
     bad: list[str] = []
-    for r in _recipes(ns.recipes):
+    recipes = _recipes(ns.recipes)
+    if ns.check and not ns.recipes:
+        bad += render.orphans([r.name for r in recipes])
+    for r in recipes:
         out = render.render(r)
         if ns.check:
             bad += render.stale(out)
@@ -62,6 +68,7 @@ def _generator_spec(recipe):
 
 
 def cmd_model_generate(ns: argparse.Namespace) -> int:
+    """Generate a 'generated' recipe's checkpoint; prints {"changed", "files", "dest"}."""
     from ds4deploy.recipe import load_recipe
     from ds4deploy.tinymodel import generate
 
@@ -73,6 +80,7 @@ def cmd_model_generate(ns: argparse.Namespace) -> int:
 
 
 def cmd_model_manifest(ns: argparse.Namespace) -> int:
+    """Print (or --write next to the recipe) the model manifest: from the generator or the hub's metadata."""
     from ds4deploy.manifest import manifest_of_files, manifest_path
     from ds4deploy.recipe import load_recipe
 
@@ -95,6 +103,7 @@ def cmd_model_manifest(ns: argparse.Namespace) -> int:
 
 
 def cmd_model_verify(ns: argparse.Namespace) -> int:
+    """Check a model directory against the committed manifest; exit 1 naming each differing file."""
     from ds4deploy.manifest import load_manifest, manifest_path, verify_dir
     from ds4deploy.recipe import load_recipe
 
@@ -113,6 +122,7 @@ def cmd_model_verify(ns: argparse.Namespace) -> int:
 
 
 def cmd_model_fetch(ns: argparse.Namespace) -> int:
+    """Download a 'hub' recipe's pinned revision into --dest (default: model.path)."""
     from ds4deploy.hub import fetch
     from ds4deploy.recipe import load_recipe
 
@@ -153,24 +163,36 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
 
 
 def cmd_image_context(ns: argparse.Namespace) -> int:
-    from ds4deploy.image import prepare_context
+    """Prepare an image build context; prints {"changed", "context", "image", "sha256", "local_base"}."""
+    from ds4deploy.image import LOCAL_BASE_IMAGE, context_digest, prepare_context
     from ds4deploy.recipe import load_recipe
 
     recipe = load_recipe(ns.recipe)
     wheel_dirs = [Path(p) for p in ns.wheelhouse] if ns.wheelhouse else None
     ca = Path(ns.ca_bundle) if ns.ca_bundle else None
     changed = prepare_context(recipe, Path(ns.dest), wheel_dirs, ca)
-    print(json.dumps({"changed": changed, "context": ns.dest, "image": recipe.image_ref}))
+    print(json.dumps({"changed": changed, "context": ns.dest, "image": recipe.image_ref,
+                      "sha256": context_digest(recipe, Path(ns.dest)), "local_base": LOCAL_BASE_IMAGE}))
+    return 0
+
+
+def cmd_summary(ns: argparse.Namespace) -> int:
+    """Print the post-deploy summary (URL, model, key location)."""
+    from ds4deploy.summary import summary
+
+    print(summary(ns.recipe))
     return 0
 
 
 def cmd_bench_stack(ns: argparse.Namespace) -> int:
+    """Measure the packaging cost of a deployed stack (see ds4deploy.bench.stack)."""
     from ds4deploy.bench.stack import run_bench_stack
 
     return run_bench_stack(ns)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The argparse tree of every ds4deploy command."""
     p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -215,11 +237,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ca-bundle", help="extra CA certificates (PEM) for pip inside the build")
     c.set_defaults(func=cmd_image_context)
 
+    su = sub.add_parser("summary", help="what a deployed recipe serves: URLs, model name, where the key is")
+    su.add_argument("recipe")
+    su.set_defaults(func=cmd_summary)
+
     b = sub.add_parser("bench-stack", help="deployed stack vs the same engine started bare (packaging cost)")
     b.add_argument("--recipe", default="cpu")
     b.add_argument("--repeats", type=int, default=5)
     b.add_argument("--requests", type=int, default=8, help="requests per run")
-    b.add_argument("--max-tokens", type=int, default=128)
+    b.add_argument("--max-tokens", type=int, default=512)
     b.add_argument("--out", default="docs/benchmarks.md")
     b.add_argument("--cold", action="store_true", help="also time a cold deploy (removes the engine and base images)")
     b.set_defaults(func=cmd_bench_stack)

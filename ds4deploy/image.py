@@ -14,6 +14,8 @@ TLS-inspecting proxy the host already trusts. Neither reaches the final image (b
 from __future__ import annotations
 
 import filecmp
+import hashlib
+import json
 import os
 import shutil
 import subprocess
@@ -24,15 +26,37 @@ from ds4deploy.errors import UserError
 from ds4deploy.recipe import REPO_ROOT, Recipe
 
 IMAGES_DIR = REPO_ROOT / "images"
+# Tag of the Debian bookworm base built by images/base/build-base.sh when no registry is reachable (the script's
+# default is the same tag).
+LOCAL_BASE_IMAGE = "ds4deploy/debian:bookworm-local"
+# Seconds: pip's own reads of its config are instant; a torch download (~190 MB) on a slow proxy is not.
+PIP_CONFIG_TIMEOUT_S = 60
+TORCH_DOWNLOAD_TIMEOUT_S = 1800
 # Where PyTorch publishes CPU-only wheels (pytorch.org "Get started", pip --index-url for CPU builds);
 # $DS4_TORCH_INDEX points at a mirror.
 TORCH_CPU_INDEX = os.environ.get("DS4_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
 
 
+def ca_bundle_from_env() -> Path | None:
+    """The CA bundle the control host's Python clients trust: $PIP_CERT, $SSL_CERT_FILE or $REQUESTS_CA_BUNDLE."""
+    for var in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
+        if os.environ.get(var) and Path(os.environ[var]).is_file():
+            return Path(os.environ[var])
+    return None
+
+
+def proxy_from_env() -> str | None:
+    """The HTTPS proxy of the control host ($https_proxy or $HTTPS_PROXY)."""
+    return os.environ.get("https_proxy") or os.environ.get("HTTPS_PROXY") or None
+
+
 def _pip_config_find_links() -> list[str]:
     """find-links entries from pip's configuration files (``pip config list``), e.g. a site wheel mirror."""
-    proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
-                          check=False, timeout=60)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                              check=False, timeout=PIP_CONFIG_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return []
     out = []
     for line in proc.stdout.splitlines():
         key, _, value = line.partition("=")
@@ -44,9 +68,9 @@ def _pip_config_find_links() -> list[str]:
 def default_wheel_dirs() -> list[Path]:
     """Wheel directories to search, in order: $DS4_WHEELHOUSE (colon-separated), pip's find-links ($PIP_FIND_LINKS
     and pip's config files), then the project's own cache (.cache/wheelhouse). URLs are skipped."""
-    parts: list[str] = []
-    for var in ("DS4_WHEELHOUSE", "PIP_FIND_LINKS"):
-        parts += os.environ.get(var, "").replace(" ", ":").split(":")
+    # DS4_WHEELHOUSE is a PATH-like list; pip separates find-links with white space (URLs contain colons).
+    parts: list[str] = os.environ.get("DS4_WHEELHOUSE", "").split(":")
+    parts += os.environ.get("PIP_FIND_LINKS", "").split()
     parts += _pip_config_find_links()
     dirs: list[Path] = []
     for part in parts:
@@ -66,22 +90,27 @@ def torch_wheel_name_prefix(torch_version: str) -> str:
     return f"torch-{torch_version}-cp311-"
 
 
-def _fetch_torch(version: str, into: Path) -> Path | None:
-    """Try to download the torch wheel from the PyTorch CPU index. Returns its path, or None when unreachable."""
+def _fetch_torch(version: str, into: Path, arch: str) -> Path | None:
+    """Try to download the torch wheel (cp311, manylinux for `arch`) from the PyTorch CPU index.
+
+    Returns its path, or None when the index is unreachable or has no such wheel.
+    """
     into.mkdir(parents=True, exist_ok=True)
     # --isolated: only the PyTorch index, not pip's configured find-links (already searched by the caller).
     extra: list[str] = []
-    cert = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE")
-    if cert:
-        extra += ["--cert", cert]
-    proxy = os.environ.get("https_proxy") or os.environ.get("HTTPS_PROXY")
-    if proxy:
+    if cert := ca_bundle_from_env():
+        extra += ["--cert", str(cert)]
+    if proxy := proxy_from_env():
         extra += ["--proxy", proxy]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--isolated", *extra, "--no-deps", "--only-binary=:all:",
-         "--python-version", "3.11", "--index-url", TORCH_CPU_INDEX, "-d", str(into), f"torch=={version}"],
-        capture_output=True, text=True, timeout=1800, check=False,
-    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--isolated", *extra, "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.11", "--platform", f"manylinux_2_28_{arch}", "--index-url", TORCH_CPU_INDEX,
+             "-d", str(into), f"torch=={version}"],
+            capture_output=True, text=True, timeout=TORCH_DOWNLOAD_TIMEOUT_S, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return None
     if proc.returncode != 0:
         return None
     found = sorted(into.glob(torch_wheel_name_prefix(version) + "*.whl"))
@@ -137,7 +166,7 @@ def prepare_context(
             wanted.setdefault(whl.name, whl)
     torch_version = recipe.engine.image.build_args.get("TORCH_VERSION")
     if torch_version and not any(n.startswith(torch_wheel_name_prefix(torch_version)) for n in wanted):
-        got = _fetch_torch(torch_version, REPO_ROOT / ".cache" / "wheelhouse")
+        got = _fetch_torch(torch_version, REPO_ROOT / ".cache" / "wheelhouse", recipe.hardware.cpu.arch)
         if got is None:
             raise UserError(
                 f"the image build needs the wheel torch=={torch_version} (cp311, x86-64) and none was found in "
@@ -156,10 +185,7 @@ def prepare_context(
             changed = True
 
     if ca_bundle is None:
-        for var in ("PIP_CERT", "SSL_CERT_FILE", "REQUESTS_CA_BUNDLE"):
-            if os.environ.get(var) and Path(os.environ[var]).is_file():
-                ca_bundle = Path(os.environ[var])
-                break
+        ca_bundle = ca_bundle_from_env()
     ca_dst = dest / "extra-ca.pem"
     if ca_bundle is not None:
         if not ca_bundle.is_file():
@@ -169,3 +195,16 @@ def prepare_context(
         ca_dst.write_bytes(b"")
         changed = True
     return changed
+
+
+def context_digest(recipe: Recipe, dest: Path) -> str:
+    """sha256 identifying what an image built from `dest` contains: Dockerfile and CA bytes, wheel names and
+    sizes (wheels are immutable by name), and the recipe's build args. Stored as the image label
+    ``io.ds4deploy.context-sha256``; the deploy rebuilds whenever the label differs."""
+    h = hashlib.sha256()
+    for name in ("Dockerfile", "extra-ca.pem"):
+        h.update(name.encode() + b"\0" + (dest / name).read_bytes() + b"\0")
+    for whl in sorted((dest / "wheelhouse").glob("*.whl")):
+        h.update(f"{whl.name}:{whl.stat().st_size}\0".encode())
+    h.update(json.dumps(recipe.engine.image.build_args, sort_keys=True).encode())
+    return h.hexdigest()

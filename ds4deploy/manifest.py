@@ -15,33 +15,33 @@ import hashlib
 import json
 from pathlib import Path
 
+from ds4deploy import recipe as recipe_mod
 from ds4deploy.errors import UserError
-from ds4deploy.recipe import RECIPES_DIR, Recipe
+from ds4deploy.recipe import Recipe
 
 CHUNK = 1 << 20  # 1 MiB reads
 
 
 def manifest_path(recipe: Recipe) -> Path:
     """Where the recipe's committed manifest lives."""
-    return RECIPES_DIR / f"{recipe.name}.manifest.json"
+    return recipe_mod.RECIPES_DIR / f"{recipe.name}.manifest.json"
+
+
+def _hash_file(path: Path, h) -> str:
+    with path.open("rb") as fh:
+        while chunk := fh.read(CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return _hash_file(path, hashlib.sha256())
 
 
 def git_sha1_file(path: Path) -> str:
     """Git blob object id of a file: sha1 over ``b"blob <size>\0"`` followed by the content."""
-    h = hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False)
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    return _hash_file(path, hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False))
 
 
 def manifest_of_files(recipe: Recipe, files: dict[str, bytes]) -> dict:

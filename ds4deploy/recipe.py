@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from ds4deploy.errors import UserError
 
@@ -28,6 +28,11 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = Path(os.environ.get("DS4_RECIPES_DIR") or REPO_ROOT / "recipes")
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+# Environment variables and engine flags that carry credentials: never allowed in a recipe (renders are committed).
+SECRET_ENV_KEYS = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
+SECRET_FLAGS = frozenset({"api-key", "hf-token"})
+# Directories a key file must not sit in directly: the role makes the key's directory 0700.
+SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/opt", "/usr", "/tmp", "/srv"})  # noqa: S108
 
 
 class Strict(BaseModel):
@@ -100,6 +105,17 @@ class Engine(Strict):
         description="flags this engine fork accepts that stock vLLM's parser does not",
     )
 
+    @field_validator("env")
+    @classmethod
+    def _no_secrets_in_env(cls, v: dict[str, str]) -> dict[str, str]:
+        for key in v:
+            if key in SECRET_ENV_KEYS:
+                raise ValueError(
+                    f"{key} must not be set in the recipe (it would be rendered into committed files); "
+                    "use serving.auth.mode: api_key, which keeps the key in a 0600 file outside the repo"
+                )
+        return v
+
 
 class GeneratorSpec(Strict):
     """Shape of the generated tiny checkpoint (see ds4deploy.tinymodel.TinyModelSpec)."""
@@ -122,8 +138,8 @@ class Model(Strict):
     """
 
     source: Literal["generated", "hub"]
-    repo_id: str | None = None
-    revision: str | None = None
+    repo_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    revision: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$", description="full 40-hex commit")
     generator: GeneratorSpec | None = None
     served_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
     dtype: Literal["auto", "float16", "bfloat16", "float32", "half"]
@@ -157,11 +173,25 @@ class Speculative(Strict):
 
 
 class Auth(Strict):
-    """API key policy. `api_key`: a key is generated on first deploy into `key_file` (mode 0600, outside the repo)
-    and handed to the engine through the environment (VLLM_API_KEY), never on its command line."""
+    """API key policy. `api_key`: a key is generated on first deploy into `key_file` (mode 0600, outside the repo;
+    default ``/etc/ds4deploy/secrets/<recipe>.env``) and handed to the engine through the environment
+    (VLLM_API_KEY), never on its command line."""
 
     mode: Literal["none", "api_key"]
-    key_file: str = Field(default="/etc/ds4deploy/secrets/api-key.env", pattern=r"^/")
+    key_file: str | None = Field(default=None, pattern=r"^/[^\s]+\.env$")
+
+    @field_validator("key_file")
+    @classmethod
+    def _own_directory(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parent = str(Path(v).parent)
+        if parent in SYSTEM_DIRS:
+            raise ValueError(f"key_file {v} sits directly in {parent}; put it in a directory of its own "
+                             "(e.g. /etc/ds4deploy/secrets/), whose mode the deploy sets to 0700")
+        if Path(v).resolve().is_relative_to(REPO_ROOT):
+            raise ValueError(f"key_file {v} is inside the repository; keys live outside it")
+        return v
 
 
 class Serving(Strict):
@@ -191,6 +221,15 @@ class Serving(Strict):
     @classmethod
     def _ip(cls, v: str) -> str:
         ipaddress.ip_address(v)
+        return v
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_secret_flags(cls, v: dict) -> dict:
+        for name in v:
+            if name.lstrip("-") in SECRET_FLAGS:
+                raise ValueError(f"--{name.lstrip('-')} must not be in the recipe (it would be rendered into "
+                                 "committed files and shown in the engine's argv); use serving.auth.mode: api_key")
         return v
 
     @model_validator(mode="after")
@@ -265,10 +304,22 @@ class Recipe(Strict):
             )
         return self
 
+    _source: Path | None = PrivateAttr(default=None)
+
     @property
     def image_ref(self) -> str:
         """``repository:tag`` of the engine image."""
         return f"{self.engine.image.repository}:{self.engine.image.tag}"
+
+    @property
+    def source_path(self) -> Path:
+        """The YAML file this recipe was loaded from."""
+        return self._source if self._source is not None else resolve_recipe_path(self.name)
+
+    @property
+    def key_file(self) -> str:
+        """Where the API key lives on each node: serving.auth.key_file, or /etc/ds4deploy/secrets/<name>.env."""
+        return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.name}.env"
 
 
 def _fmt_loc(loc: tuple[Any, ...]) -> str:
@@ -338,12 +389,14 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
-            value = "" if err["type"] == "missing" else f" = {err.get('input')!r}"
+            shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
+            value = f" = {err.get('input')!r}" if shown else ""
             lines.append(f"  {_fmt_loc(err['loc'])}{value}: {err['msg']} ({_allowed(err)})")
         raise UserError(
             f"{path}: {len(lines)} problem(s) in the recipe:\n" + "\n".join(lines),
             f"edit {path} as listed above; recipes/cpu.yaml is a valid example",
         ) from None
+    recipe._source = path
     if recipe.name != path.stem:
         raise UserError(
             f"{path}: recipe name '{recipe.name}' differs from its file name '{path.stem}'",

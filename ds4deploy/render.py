@@ -23,9 +23,15 @@ from jinja2.sandbox import SandboxedEnvironment
 
 from ds4deploy.engine_args import CONTAINER_MODEL_DIR, engine_args
 from ds4deploy.errors import UserError
-from ds4deploy.recipe import REPO_ROOT, Recipe, resolve_recipe_path
+from ds4deploy.net import base_url, url_host
+from ds4deploy.recipe import REPO_ROOT, Recipe
 
 # $DS4_COMPOSE_DIR renders elsewhere (tests, private recipes); the committed renders live in compose/.
+# Healthcheck cadence for every engine: probe /health every 10 s, give each probe 6 s (vLLM answers /health in
+# milliseconds unless the engine is wedged), declare unhealthy after 3 misses; the model-load grace is the recipe's
+# container.start_period_s. Values follow Docker's healthcheck defaults scaled for a slow CPU host.
+HEALTHCHECK = {"interval_s": 10, "timeout_s": 6, "retries": 3}
+
 COMPOSE_DIR = Path(os.environ.get("DS4_COMPOSE_DIR") or REPO_ROOT / "compose")
 
 _ENV = SandboxedEnvironment(
@@ -43,7 +49,7 @@ def project_name(recipe: Recipe) -> str:
 
 def recipe_sha256(recipe: Recipe) -> str:
     """sha256 of the recipe file's bytes: labels the containers so a changed recipe is visible on the host."""
-    return hashlib.sha256(resolve_recipe_path(recipe.name).read_bytes()).hexdigest()
+    return hashlib.sha256(recipe.source_path.read_bytes()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -61,12 +67,18 @@ def render(recipe: Recipe) -> Rendered:
         UserError: a template refers to something the recipe does not define.
     """
     args = engine_args(recipe)
+    # The healthcheck probes from inside the container: loopback with bridge networking (the engine listens on all
+    # container interfaces), the bound address itself with host networking.
+    probe = "127.0.0.1" if recipe.serving.network_mode == "bridge" else recipe.serving.bind_address
     ctx = {
         "recipe": recipe,
         "project": project_name(recipe),
         "recipe_sha256": recipe_sha256(recipe),
         "command": [*recipe.engine.entrypoint, *args],
         "container_model_dir": CONTAINER_MODEL_DIR,
+        "bind_host": url_host(recipe.serving.bind_address),
+        "health_url": f"{base_url(probe, recipe.serving.port)}/health",
+        "health": HEALTHCHECK,
     }
     files: dict[str, str] = {}
     try:
@@ -96,6 +108,14 @@ def write(rendered: Rendered, root: Path = COMPOSE_DIR) -> list[Path]:
             path.write_text(text, encoding="utf-8")
             changed.append(path)
     return changed
+
+
+def orphans(known: list[str], root: Path = COMPOSE_DIR) -> list[str]:
+    """Render directories under `root` whose recipe no longer exists (a deleted or renamed recipe)."""
+    if not root.is_dir():
+        return []
+    return [f"{(root / d.name).relative_to(root.parent)}/ has no recipe" for d in sorted(root.iterdir())
+            if d.is_dir() and d.name not in known]
 
 
 def stale(rendered: Rendered, root: Path = COMPOSE_DIR) -> list[str]:

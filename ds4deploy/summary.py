@@ -1,13 +1,11 @@
-"""Print what a deploy produced: URL, served model name, where the API key is, and a curl to try.
+"""What a deploy produced: URL, served model name, where the API key is, and a curl to try.
 
-Run as ``python -m ds4deploy.summary <recipe>`` (the last step of `make deploy`). Never prints the key itself.
+`ds4deploy summary <recipe>` prints it (the last step of `make deploy`). Never prints the key itself.
 """
 
 from __future__ import annotations
 
-import sys
-
-from ds4deploy.errors import UserError
+from ds4deploy.net import base_url
 from ds4deploy.recipe import load_recipe
 
 
@@ -15,8 +13,7 @@ def summary(name: str) -> str:
     """The post-deploy message for recipe `name`."""
     r = load_recipe(name)
     s = r.serving
-    host = f"[{s.bind_address}]" if ":" in s.bind_address else s.bind_address
-    url = f"http://{host}:{s.port}"
+    url = base_url(s.bind_address, s.port)
     lines = [
         f"ds4deploy: recipe '{r.name}' is up.",
         f"  OpenAI API:     {url}/v1      (chat: {url}/v1/chat/completions)",
@@ -25,9 +22,9 @@ def summary(name: str) -> str:
     ]
     if s.auth.mode == "api_key":
         lines += [
-            f"  API key:        in {s.auth.key_file} (VLLM_API_KEY=..., mode 0600, root only)",
+            f"  API key:        in {r.key_file} (VLLM_API_KEY=..., mode 0600, root only)",
             f"  try:            curl -s {url}/v1/chat/completions -H \"Authorization: Bearer $(sudo sed -n "
-            f"'s/^VLLM_API_KEY=//p' {s.auth.key_file})\" -H 'Content-Type: application/json' "
+            f"'s/^VLLM_API_KEY=//p' {r.key_file})\" -H 'Content-Type: application/json' "
             f"-d '{{\"model\": \"{r.model.served_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
             f"\"Hello\"}}], \"max_tokens\": 32}}'",
         ]
@@ -36,10 +33,3 @@ def summary(name: str) -> str:
     lines.append(f"  health:         curl -s {url}/health   |  make status  |  make logs  |  make down")
     return "\n".join(lines)
 
-
-if __name__ == "__main__":
-    try:
-        print(summary(sys.argv[1] if len(sys.argv) > 1 else "cpu"))
-    except UserError as exc:
-        print(f"error: {exc.cause}\nfix: {exc.fix}", file=sys.stderr)
-        sys.exit(exc.code)

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ds4deploy.net import base_url as url_for
+from ds4deploy.secrets import parse_env_file
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -32,11 +35,10 @@ def api_key(host, dv) -> str | None:
     """The deployed API key, read from the node's 0600 key file (None when auth is off)."""
     if dv["ds4_auth_mode"] != "api_key":
         return None
-    content = host.file(dv["ds4_key_file"]).content_string
-    for line in content.splitlines():
-        if line.startswith("VLLM_API_KEY="):
-            return line.split("=", 1)[1].strip()
-    pytest.fail(f"{dv['ds4_key_file']} on the node has no VLLM_API_KEY= line")
+    key = parse_env_file(host.file(dv["ds4_key_file"]).content_string).get("VLLM_API_KEY")
+    if not key:
+        pytest.fail(f"{dv['ds4_key_file']} on the node has no VLLM_API_KEY= line")
+    return key
 
 
 @pytest.fixture
@@ -47,10 +49,9 @@ def base_url(host, dv) -> str:
         "localhost", "127.0.0.1", "::1")
     if ipaddress.ip_address(addr).is_loopback and not local:
         pytest.skip(f"{addr} is loopback on a remote node: run these checks on the node itself")
-    if ipaddress.ip_address(addr).is_unspecified:
-        addr = "127.0.0.1" if local else host.backend.get_hostname()
-    host_part = f"[{addr}]" if ":" in addr else addr
-    return f"http://{host_part}:{dv['ds4_port']}"
+    if ipaddress.ip_address(addr).is_unspecified and not local:
+        addr = host.backend.get_hostname()
+    return url_for(addr, dv["ds4_port"])
 
 
 @pytest.fixture

@@ -93,7 +93,8 @@ def test_file_missing_upstream(hub_recipe, tmp_path, model_files):
         hub.missing.add("tokenizer.json")
         p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(tmp_path / "staged"))
     assert p.returncode == 2
-    assert "missing upstream" in p.stderr or "tokenizer.json" in p.stderr
+    assert f"error: a file of {REPO_ID}@{SHA} is missing upstream" in p.stderr
+    assert "fix: pin a revision whose files are all present" in p.stderr
     assert "Traceback" not in p.stderr
 
 

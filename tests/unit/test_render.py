@@ -6,11 +6,12 @@ import json
 
 import pytest
 import yaml
-from jinja2 import StrictUndefined, TemplateError
+from jinja2 import StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
 from ds4deploy import render
 from ds4deploy.engine_args import engine_args
+from ds4deploy.errors import UserError
 from ds4deploy.recipe import load_recipe
 from tests.unit.conftest import run_cli, write_variant
 
@@ -60,11 +61,27 @@ def test_compose_render_shape():
     assert {e["path"] for e in svc["env_file"]} == {"engine.env", "${DS4_SECRETS_ENV:-/etc/ds4deploy/secrets/cpu.env}"}
 
 
-def test_api_key_never_reaches_renders_or_argv():
-    files = render.render(load_recipe("cpu")).files
-    for text in files.values():
-        assert "VLLM_API_KEY=" not in text
-        assert "--api-key" not in text
+def test_secrets_in_env_or_flags_are_refused(recipe_dir):
+    write_variant(recipe_dir, "envkey", lambda d: d["engine"]["env"].update(VLLM_API_KEY="secret123"))
+    with pytest.raises(UserError) as e:
+        load_recipe("envkey")
+    assert "VLLM_API_KEY must not be set in the recipe" in str(e.value)
+    write_variant(recipe_dir, "flagkey", lambda d: d["serving"]["extra_args"].update({"api-key": "secret456"}))
+    with pytest.raises(UserError) as e:
+        load_recipe("flagkey")
+    assert "--api-key must not be in the recipe" in str(e.value)
+
+
+def test_key_file_must_have_a_directory_of_its_own(recipe_dir):
+    write_variant(recipe_dir, "etckey", lambda d: d["serving"]["auth"].update(key_file="/etc/ds4.env"))
+    with pytest.raises(UserError, match="sits directly in /etc"):
+        load_recipe("etckey")
+
+
+def test_default_key_file_is_per_recipe(recipe_dir):
+    write_variant(recipe_dir, "other", lambda d: None)
+    assert load_recipe("other").key_file == "/etc/ds4deploy/secrets/other.env"
+    assert load_recipe("cpu").key_file == "/etc/ds4deploy/secrets/cpu.env"
 
 
 def test_engine_args_for_cpu():
@@ -76,8 +93,37 @@ def test_engine_args_for_cpu():
     assert spec == {"backend": "xgrammar", "disable_any_whitespace": True}
 
 
-def test_strict_undefined_is_an_error():
-    env = SandboxedEnvironment(undefined=StrictUndefined)
-    with pytest.raises(TemplateError):
-        env.from_string("{{ recipe.no_such_key }}").render(recipe={})
-    assert render._ENV.undefined is StrictUndefined
+def test_a_template_naming_a_missing_recipe_value_is_a_user_error(monkeypatch):
+    from jinja2 import DictLoader
+
+    env = SandboxedEnvironment(loader=DictLoader({
+        "compose.yaml.j2": "{{ recipe.serving.no_such_key }}", "engine.env.j2": "", "deploy-vars.yml.j2": ""}),
+        undefined=StrictUndefined)
+    monkeypatch.setattr(render, "_ENV", env)
+    with pytest.raises(UserError, match="rendering recipe 'cpu' failed"):
+        render.render(load_recipe("cpu"))
+
+
+def test_ipv6_and_host_network_renders(recipe_dir):
+    write_variant(recipe_dir, "v6", lambda d: d["serving"].update(bind_address="::1"))
+    c = yaml.safe_load(render.render(load_recipe("v6")).files["compose.yaml"])
+    assert c["services"]["engine"]["ports"] == ["[::1]:8000:8000"]
+
+    def host_net(d):
+        d["serving"].update(bind_address="10.0.0.5", network_mode="host")
+
+    write_variant(recipe_dir, "hostnet", host_net)
+    c = yaml.safe_load(render.render(load_recipe("hostnet")).files["compose.yaml"])
+    svc = c["services"]["engine"]
+    assert svc["network_mode"] == "host"
+    assert "ports" not in svc
+    assert "http://10.0.0.5:8000/health" in svc["healthcheck"]["test"][-1]
+    assert svc["command"][svc["command"].index("--host") + 1] == "10.0.0.5"
+
+
+def test_orphaned_render_directory_is_reported(recipe_dir):
+    assert run_cli("render", env_dir=recipe_dir).returncode == 0
+    (recipe_dir.parent / "compose" / "deleted-recipe").mkdir()
+    p = run_cli("render", "--check", env_dir=recipe_dir)
+    assert p.returncode == 1
+    assert "compose/deleted-recipe/ has no recipe" in p.stderr
