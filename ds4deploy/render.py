@@ -60,6 +60,72 @@ class Rendered:
     files: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Service:
+    """One engine container of a compose file: its name, argv, published port and healthcheck test."""
+
+    name: str
+    command: list[str]
+    port: int | None
+    health_test: list[str]
+    environment: dict[str, str]
+
+
+# A headless worker serves no HTTP; its healthcheck asks whether the engine process is still alive.
+WORKER_ALIVE = ["CMD", "python3", "-c",
+                "import os,sys; sys.exit(0 if any(b'vllm' in open(f'/proc/{p}/cmdline','rb').read() "
+                "for p in os.listdir('/proc') if p.isdigit()) else 1)"]
+
+
+def _http_health(recipe: Recipe, port: int) -> list[str]:
+    # The healthcheck probes from inside the container: loopback with bridge networking (the engine listens on all
+    # container interfaces), the bound address itself with host networking.
+    probe = "127.0.0.1" if recipe.serving.network_mode == "bridge" else recipe.serving.bind_address
+    url = f"{base_url(probe, port)}/health"
+    return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen('{url}', timeout=5)"]
+
+
+def _with_port(args: list[str], port: int) -> list[str]:
+    out = list(args)
+    out[out.index("--port") + 1] = str(port)
+    return out
+
+
+def node_files(recipe: Recipe) -> dict[str, list[Service]]:
+    """The compose files of a recipe and the engine services in each.
+
+    - one node, one instance: ``compose.yaml`` with service ``engine``;
+    - one node, CPU-expert instances (`Recipe.instances`): ``compose.yaml`` with ``engine-0..n-1``, instance i bound
+      to NUMA node i with ``numactl --membind=i --cpunodebind=i`` on port ``serving.port + i``;
+    - several nodes: ``compose.head.yaml`` (node rank 0, serves the API) and ``compose.worker.yaml`` (node rank
+      >= 1, ``--headless``). Launch facts that differ per node come from the environment at start-up and are
+      required: DS4_NODE_RANK, DS4_MASTER_ADDR (head's fabric address), DS4_HOST_IP (this node's fabric address,
+      exported as VLLM_HOST_IP), DS4_NCCL_IB_GID_INDEX (RoCE v2 GID index resolved on this node).
+    """
+    from ds4deploy.preflight import instance_count
+
+    entry = recipe.engine.entrypoint
+    args = engine_args(recipe)
+    port = recipe.serving.port
+    if recipe.hardware.nodes > 1:
+        launch = ["--node-rank", "${DS4_NODE_RANK:?set by the deploy}",
+                  "--master-addr", "${DS4_MASTER_ADDR:?set by the deploy}"]
+        env = {"VLLM_HOST_IP": "${DS4_HOST_IP:?set by the deploy}",
+               "NCCL_IB_GID_INDEX": "${DS4_NCCL_IB_GID_INDEX:?set by the deploy}"}
+        head = Service("engine", [*entry, *args, *launch], port, _http_health(recipe, port), env)
+        worker = Service("engine", [*entry, *args, *launch, "--headless"], None, WORKER_ALIVE, env)
+        return {"compose.head.yaml": [head], "compose.worker.yaml": [worker]}
+    if recipe.instances is not None:
+        count, _ = instance_count(recipe)
+        services = []
+        for i in range(count):
+            numa = ["numactl", f"--membind={i}", f"--cpunodebind={i}"]
+            services.append(Service(f"engine-{i}", [*numa, *entry, *_with_port(args, port + i)], port + i,
+                                    _http_health(recipe, port + i), {}))
+        return {"compose.yaml": services}
+    return {"compose.yaml": [Service("engine", [*entry, *args], port, _http_health(recipe, port), {})]}
+
+
 def render(recipe: Recipe) -> Rendered:
     """Render all artifacts for `recipe` in memory.
 
@@ -67,27 +133,24 @@ def render(recipe: Recipe) -> Rendered:
         UserError: a template refers to something the recipe does not define.
     """
     args = engine_args(recipe)
-    # The healthcheck probes from inside the container: loopback with bridge networking (the engine listens on all
-    # container interfaces), the bound address itself with host networking.
-    probe = "127.0.0.1" if recipe.serving.network_mode == "bridge" else recipe.serving.bind_address
-    ctx = {
+    nodes = node_files(recipe)
+    base = {
         "recipe": recipe,
         "project": project_name(recipe),
         "recipe_sha256": recipe_sha256(recipe),
-        "command": [*recipe.engine.entrypoint, *args],
         "container_model_dir": CONTAINER_MODEL_DIR,
         "bind_host": url_host(recipe.serving.bind_address),
-        "health_url": f"{base_url(probe, recipe.serving.port)}/health",
         "health": HEALTHCHECK,
+        "compose_files": list(nodes),
+        "ports": [svc.port for svcs in nodes.values() for svc in svcs if svc.port is not None],
     }
     files: dict[str, str] = {}
     try:
-        for out, tpl in (
-            ("compose.yaml", "compose.yaml.j2"),
-            ("engine.env", "engine.env.j2"),
-            ("deploy-vars.yml", "deploy-vars.yml.j2"),
-        ):
-            files[out] = _ENV.get_template(tpl).render(ctx)
+        for out, services in nodes.items():
+            files[out] = _ENV.get_template("compose.yaml.j2").render(
+                {**base, "services": services, "role": out.split(".")[1] if out.count(".") == 2 else "single"})
+        for out, tpl in (("engine.env", "engine.env.j2"), ("deploy-vars.yml", "deploy-vars.yml.j2")):
+            files[out] = _ENV.get_template(tpl).render(base)
     except TemplateError as exc:
         raise UserError(
             f"rendering recipe '{recipe.name}' failed: {exc}",

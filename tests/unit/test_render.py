@@ -127,3 +127,32 @@ def test_orphaned_render_directory_is_reported(recipe_dir):
     p = run_cli("render", "--check", env_dir=recipe_dir)
     assert p.returncode == 1
     assert "compose/deleted-recipe/ has no recipe" in p.stderr
+
+
+def test_multi_node_recipe_renders_head_and_headless_worker():
+    files = render.render(load_recipe("gx10x2-ds4-flash-fp8")).files
+    assert "compose.yaml" not in files
+    head = yaml.safe_load(files["compose.head.yaml"])["services"]["engine"]
+    worker = yaml.safe_load(files["compose.worker.yaml"])["services"]["engine"]
+    assert "--headless" in worker["command"] and "--headless" not in head["command"]
+    for svc in (head, worker):
+        assert svc["network_mode"] == "host"
+        assert svc["ipc"] == "host"
+        assert svc["ulimits"] == {"memlock": -1, "stack": 67108864}
+        assert svc["devices"] == ["/dev/infiniband:/dev/infiniband"]
+        assert svc["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+        assert svc["environment"]["VLLM_HOST_IP"].startswith("${DS4_HOST_IP:?")
+        assert svc["command"][svc["command"].index("--master-addr") + 1].startswith("${DS4_MASTER_ADDR:?")
+        assert any(v.endswith(":/model:ro") for v in svc["volumes"])
+    assert "/health" in head["healthcheck"]["test"][-1]
+    assert "/health" not in worker["healthcheck"]["test"][-1]
+
+
+def test_numa_instances_render_one_pinned_service_each():
+    c = yaml.safe_load(render.render(load_recipe("rtx3090x2-xeon-ds4-flash")).files["compose.yaml"])
+    names = sorted(c["services"])
+    assert names == ["engine-0", "engine-1", "engine-2"]
+    for i, name in enumerate(names):
+        cmd = c["services"][name]["command"]
+        assert cmd[:3] == ["numactl", f"--membind={i}", f"--cpunodebind={i}"]
+        assert cmd[cmd.index("--port") + 1] == str(8000 + i)
