@@ -57,7 +57,7 @@ render: venv
 	$(BIN)/ds4deploy render
 
 lint: venv
-	$(BIN)/ruff check ds4deploy tests
+	$(BIN)/ruff check ds4deploy tests images
 	$(BIN)/yamllint -s .
 	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml down.yml roles
 	$(BIN)/hadolint images/*/Dockerfile
@@ -67,7 +67,12 @@ lint: venv
 	  DS4_SECRETS_ENV=/dev/null DS4_NODE_RANK=0 DS4_MASTER_ADDR=192.0.2.1 DS4_HOST_IP=192.0.2.1 \
 	  DS4_NCCL_IB_GID_INDEX=3 $(BIN)/docker-compose -f $$f config --quiet && echo "compose config ok: $$f"; done
 
-unit: venv
+# vLLM's own argument parser (from the CPU build) checks every recipe's rendered engine argv.
+ENGINE_VENV := .cache/engine-venv
+$(ENGINE_VENV)/.pins: recipes/cpu.yaml | venv
+	$(BIN)/ds4deploy engine-venv --recipe cpu
+
+unit: venv $(ENGINE_VENV)/.pins
 	$(BIN)/pytest -q tests/unit
 
 # Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down.

@@ -210,6 +210,15 @@ def cmd_summary(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_engine_venv(ns: argparse.Namespace) -> int:
+    """Create .cache/engine-venv with the CPU engine's pins (vLLM's argument parser for the tests, bare bench)."""
+    from ds4deploy.bench.stack import ensure_engine_venv
+    from ds4deploy.recipe import load_recipe
+
+    print(ensure_engine_venv(load_recipe(ns.recipe)))
+    return 0
+
+
 def cmd_bench_stack(ns: argparse.Namespace) -> int:
     """Measure the packaging cost of a deployed stack (see ds4deploy.bench.stack)."""
     from ds4deploy.bench.stack import run_bench_stack
@@ -273,6 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
     su = sub.add_parser("summary", help="what a deployed recipe serves: URLs, model name, where the key is")
     su.add_argument("recipe")
     su.set_defaults(func=cmd_summary)
+
+    ev = sub.add_parser("engine-venv", help="create .cache/engine-venv with a recipe's engine pins (host side)")
+    ev.add_argument("--recipe", default="cpu")
+    ev.set_defaults(func=cmd_engine_venv)
 
     b = sub.add_parser("bench-stack", help="deployed stack vs the same engine started bare (packaging cost)")
     b.add_argument("--recipe", default="cpu")

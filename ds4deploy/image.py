@@ -151,20 +151,26 @@ def prepare_context(
     Raises:
         UserError: no Dockerfile for the image arch, or the torch wheel the build needs is nowhere to be had.
     """
-    dockerfile = IMAGES_DIR / recipe.engine.image.arch / "Dockerfile"
+    src_dir = IMAGES_DIR / recipe.engine.image.arch
+    dockerfile = src_dir / "Dockerfile"
     if not dockerfile.is_file():
         raise UserError(f"no Dockerfile at {dockerfile}", f"add images/{recipe.engine.image.arch}/Dockerfile")
     dirs = default_wheel_dirs() if wheel_dirs is None else wheel_dirs
     dest.mkdir(parents=True, exist_ok=True)
     wheelhouse = dest / "wheelhouse"
     wheelhouse.mkdir(exist_ok=True)
-    changed = _place(dockerfile, dest / "Dockerfile")
+    changed = False
+    for f in sorted(src_dir.iterdir()):  # the Dockerfile and its helper scripts
+        if f.is_file():
+            changed |= _place(f, dest / f.name)
 
     wanted: dict[str, Path] = {}
     for d in dirs:
         for whl in sorted(d.glob("*.whl")):
             wanted.setdefault(whl.name, whl)
-    torch_version = recipe.engine.image.build_args.get("TORCH_VERSION")
+    # Only the CPU image installs a torch build that PyPI does not serve (+cpu); GPU images take theirs from PyPI,
+    # the PyTorch CUDA index or their base image.
+    torch_version = recipe.engine.image.build_args.get("TORCH_VERSION") if recipe.engine.image.arch == "cpu" else None
     if torch_version and not any(n.startswith(torch_wheel_name_prefix(torch_version)) for n in wanted):
         got = _fetch_torch(torch_version, REPO_ROOT / ".cache" / "wheelhouse", recipe.hardware.cpu.arch)
         if got is None:
@@ -202,8 +208,8 @@ def context_digest(recipe: Recipe, dest: Path) -> str:
     sizes (wheels are immutable by name), and the recipe's build args. Stored as the image label
     ``io.ds4deploy.context-sha256``; the deploy rebuilds whenever the label differs."""
     h = hashlib.sha256()
-    for name in ("Dockerfile", "extra-ca.pem"):
-        h.update(name.encode() + b"\0" + (dest / name).read_bytes() + b"\0")
+    for f in sorted(p for p in dest.iterdir() if p.is_file()):
+        h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     for whl in sorted((dest / "wheelhouse").glob("*.whl")):
         h.update(f"{whl.name}:{whl.stat().st_size}\0".encode())
     h.update(json.dumps(recipe.engine.image.build_args, sort_keys=True).encode())

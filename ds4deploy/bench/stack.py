@@ -39,7 +39,7 @@ import httpx
 import openai
 
 from ds4deploy.errors import UserError
-from ds4deploy.image import LOCAL_BASE_IMAGE
+from ds4deploy.image import LOCAL_BASE_IMAGE, default_wheel_dirs
 from ds4deploy.net import base_url
 from ds4deploy.recipe import REPO_ROOT, load_recipe
 from ds4deploy.render import COMPOSE_DIR, project_name
@@ -58,7 +58,9 @@ def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def ensure_engine_venv(recipe) -> Path:
-    """A host venv with the recipe's engine pins (same wheels the image installs). Returns its python.
+    """A host venv (.cache/engine-venv) with the recipe's engine pins (the wheels the image installs). Used by the
+    bare-engine side of this benchmark and by the unit test that parses every recipe's engine argv with vLLM's own
+    parser. Returns its python.
 
     Raises:
         UserError: the install failed (message carries pip's last lines).
@@ -70,8 +72,13 @@ def ensure_engine_venv(recipe) -> Path:
     if py.is_file() and stamp.is_file() and stamp.read_text() == " ".join(want):
         return py
     _run([sys.executable, "-m", "venv", str(ENGINE_VENV)])
-    wheelhouse = REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch / "wheelhouse"
-    p = _run([str(py), "-m", "pip", "install", "--quiet", "--find-links", str(wheelhouse), *want], timeout=3600)
+    links = [str(d) for d in default_wheel_dirs()]
+    links.append(str(REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch / "wheelhouse"))
+    find = [a for d in links for a in ("--find-links", d)]
+    try:
+        p = _run([str(py), "-m", "pip", "install", "--quiet", *find, *want], timeout=3600)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"installing {' '.join(want)} took over an hour", "check network access to PyPI") from None
     if p.returncode != 0:
         raise UserError(f"could not install {' '.join(want)} for the bare engine: {p.stderr[-800:]}",
                         "deploy once first (it prepares the wheelhouse), and check network access to PyPI")
