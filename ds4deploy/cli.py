@@ -139,6 +139,12 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
     from ds4deploy.recipe import load_recipe
 
     recipe = load_recipe(ns.recipe)
+    if recipe.model.source == "local":
+        raise UserError(
+            f"recipe '{recipe.name}' uses model.source 'local': the deploy does not copy or verify local models yet",
+            f"place the files in {recipe.model.path} on every node and start the rendered stack with docker compose "
+            f"(compose/{recipe.name}/)",
+        )
     dest = Path(ns.dest)
     manifest = load_manifest(recipe)
     before = verify_dir(dest, manifest) if dest.is_dir() else ["absent"]
