@@ -23,10 +23,12 @@ def summary(name: str) -> str:
     if s.auth.mode == "api_key":
         lines += [
             f"  API key:        in {r.key_file} (VLLM_API_KEY=..., mode 0600, root only)",
-            f"  try:            curl -s {url}/v1/chat/completions -H \"Authorization: Bearer $(sudo sed -n "
-            f"'s/^VLLM_API_KEY=//p' {r.key_file})\" -H 'Content-Type: application/json' "
+            f"  try (as root):  KEY=$(sed -n 's/^VLLM_API_KEY=//p' {r.key_file}); curl -s {url}/v1/chat/completions "
+            f"-H \"Authorization: Bearer $KEY\" -H 'Content-Type: application/json' "
             f"-d '{{\"model\": \"{r.model.served_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
             f"\"Hello\"}}], \"max_tokens\": 32}}'",
+            "  Anthropic clients: send the key as a bearer token (Claude Code: ANTHROPIC_AUTH_TOKEN=<key>, "
+            f"ANTHROPIC_BASE_URL={url}); vLLM refuses the x-api-key header",
         ]
     else:
         lines.append("  API key:        none (bound to loopback only)")

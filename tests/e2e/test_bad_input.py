@@ -85,6 +85,17 @@ def test_docker_missing_and_not_installable(scratch):
     assert "Traceback" not in out
 
 
+def test_a_failing_preflight_rule_stops_the_deploy_with_its_table(scratch):
+    def edit(d):
+        d["engine"]["flavor"] = "gb10-community"
+        d["serving"]["speculative"] = {"method": "dspark", "num_speculative_tokens": 3}
+
+    name = scratch.variant("e2e-rule", edit)
+    p = scratch.deploy(name)
+    _assert_clean_failure(p, f"ds4-{name}", "gb10-dspark-k5", "set serving.speculative.num_speculative_tokens to 5")
+    assert "PLAY [" not in p.stdout, "no host may be touched when a preflight rule fails"
+
+
 @pytest.mark.parametrize("bad", ["0.0.0.0"])
 def test_exposed_bind_without_key_is_refused(scratch, bad):
     def edit(d):

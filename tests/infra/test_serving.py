@@ -123,3 +123,16 @@ def test_request_without_the_key_is_refused(base_url, api_key, dv):
     assert httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=wrong, timeout=30).status_code == 401
     ok = httpx.post(f"{base_url}/v1/chat/completions", json=body, headers=_auth(api_key), timeout=60)
     assert ok.status_code == 200
+
+
+def test_anthropic_route_takes_the_key_as_bearer_only(base_url, api_key, dv):
+    """What the README tells Claude Code users: ANTHROPIC_AUTH_TOKEN (bearer), not ANTHROPIC_API_KEY (x-api-key)."""
+    if dv["ds4_auth_mode"] != "api_key":
+        pytest.skip("recipe serves without an API key (loopback only)")
+    body = {"model": dv["ds4_served_name"], "max_tokens": 4, "messages": PROMPT}
+    hdr = {"anthropic-version": "2023-06-01"}
+    refused = httpx.post(f"{base_url}/v1/messages", json=body, headers={**hdr, "x-api-key": api_key}, timeout=60)
+    assert refused.status_code == 401
+    ok = httpx.post(f"{base_url}/v1/messages", json=body, headers={**hdr, **_auth(api_key)}, timeout=60)
+    assert ok.status_code == 200
+    assert ok.json()["type"] == "message"
