@@ -24,7 +24,7 @@ CHUNK = 1 << 20  # 1 MiB reads
 
 def manifest_path(recipe: Recipe) -> Path:
     """Where the recipe's committed manifest lives."""
-    return recipe_mod.RECIPES_DIR / f"{recipe.name}.manifest.json"
+    return recipe_mod.RECIPES_DIR / f"{recipe.base_name}.manifest.json"
 
 
 def _hash_file(path: Path, h) -> str:

@@ -28,6 +28,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 RECIPES_DIR = Path(os.environ.get("DS4_RECIPES_DIR") or REPO_ROOT / "recipes")
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+# "<recipe>--<variant>" selects a named variant of a recipe (recipe.variants).
+VARIANT_SEP = "--"
 # Environment variables and engine flags that carry credentials: never allowed in a recipe (renders are committed).
 SECRET_ENV_KEYS = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
 SECRET_FLAGS = frozenset({"api-key", "hf-token"})
@@ -407,6 +409,10 @@ class Recipe(Strict):
     memory: MemoryBudget | None = None
     benchmark: Benchmark = Field(default_factory=Benchmark)
     expected: Expected = Field(default_factory=Expected)
+    variants: dict[Annotated[str, Field(pattern=NAME_RE)], dict[str, Any]] = Field(
+        default_factory=dict,
+        description="named operating choices: dotted key path -> value, deployed as <recipe>--<variant>",
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
@@ -422,6 +428,11 @@ class Recipe(Strict):
     def image_ref(self) -> str:
         """``repository:tag`` of the engine image."""
         return f"{self.engine.image.repository}:{self.engine.image.tag}"
+
+    @property
+    def base_name(self) -> str:
+        """The recipe file's name: for a variant ``<base>--<variant>``, the part before ``--``."""
+        return self.name.split(VARIANT_SEP, 1)[0]
 
     @property
     def source_path(self) -> Path:
@@ -484,7 +495,11 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         UserError: missing file, YAML syntax error, or schema violation. The message names the file, every bad
             key path with its value, and what is allowed there.
     """
-    path = resolve_recipe_path(str(name_or_path))
+    name = str(name_or_path)
+    variant = None
+    if VARIANT_SEP in name and "/" not in name and not (RECIPES_DIR / f"{name}.yaml").is_file():
+        name, variant = name.split(VARIANT_SEP, 1)
+    path = resolve_recipe_path(name)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
@@ -496,6 +511,8 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         ) from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
+    if variant is not None:
+        data = _apply_variant(path, data, variant)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -509,7 +526,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             f"edit {path} as listed above; recipes/cpu.yaml is a valid example",
         ) from None
     recipe._source = path
-    if recipe.name != path.stem:
+    if recipe.base_name != path.stem:
         raise UserError(
             f"{path}: recipe name '{recipe.name}' differs from its file name '{path.stem}'",
             f"set name: {path.stem}, or rename the file",
@@ -519,6 +536,37 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     return recipe
 
 
+def _apply_variant(path: Path, data: dict, variant: str) -> dict:
+    """The recipe mapping with variant `variant`'s dotted-path overrides applied, named ``<base>--<variant>``.
+
+    Raises:
+        UserError: no such variant, or an override path that is not in the recipe.
+    """
+    import copy
+
+    variants = data.get("variants") or {}
+    if variant not in variants:
+        known = ", ".join(sorted(variants)) or "(none)"
+        raise UserError(f"{path}: recipe has no variant '{variant}'", f"use one of: {known}")
+    out = copy.deepcopy(data)
+    for dotted, value in variants[variant].items():
+        node, keys = out, dotted.split(".")
+        for k in keys[:-1]:
+            if not isinstance(node.get(k), dict):
+                raise UserError(f"{path}: variant '{variant}' sets {dotted}, but {k} is not a section of the recipe",
+                                "use a dotted path of an existing section, e.g. serving.max_num_seqs")
+            node = node[k]
+        node[keys[-1]] = value
+    out["name"] = f"{data.get('name')}{VARIANT_SEP}{variant}"
+    out["variants"] = {}
+    return out
+
+
 def all_recipes() -> list[Recipe]:
-    """Every recipe under recipes/, validated, sorted by name."""
-    return [load_recipe(p) for p in sorted(RECIPES_DIR.glob("*.yaml"))]
+    """Every recipe under recipes/ and every variant of each, validated, sorted by name."""
+    out = []
+    for p in sorted(RECIPES_DIR.glob("*.yaml")):
+        base = load_recipe(p)
+        out.append(base)
+        out += [load_recipe(f"{base.name}{VARIANT_SEP}{v}") for v in sorted(base.variants)]
+    return out

@@ -93,3 +93,25 @@ def test_cli_bad_recipe_exits_2_with_cause_and_fix_and_no_traceback(recipe_dir):
     assert "model.servd_name" in p.stderr
     assert "\nfix: " in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_variant_applies_its_overrides_and_keeps_the_base_file():
+    base, many = load_recipe("gx10x2-ds4-flash-fp8"), load_recipe("gx10x2-ds4-flash-fp8--many-users")
+    assert (base.serving.max_num_seqs, many.serving.max_num_seqs) == (6, 12)
+    assert many.serving.extra_args["max-cudagraph-capture-size"] == 72
+    assert many.base_name == "gx10x2-ds4-flash-fp8"
+    assert many.source_path == base.source_path
+    assert many.variants == {}
+    assert "gx10x2-ds4-flash-fp8--many-users" in [r.name for r in all_recipes()]
+
+
+def test_unknown_variant_and_bad_override_path_are_named(recipe_dir):
+    with pytest.raises(UserError) as e:
+        load_recipe("cpu--nope")
+    assert "has no variant 'nope'" in e.value.cause
+    write_variant(recipe_dir, "vv", lambda d: d.update(variants={"x": {"servng.max_num_seqs": 2}}))
+    with pytest.raises(UserError, match="servng is not a section"):
+        load_recipe("vv--x")
+    write_variant(recipe_dir, "vw", lambda d: d.update(variants={"y": {"serving.max_num_seqs": "two"}}))
+    with pytest.raises(UserError, match=r"serving\.max_num_seqs = 'two'"):
+        load_recipe("vw--y")
