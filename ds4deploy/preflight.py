@@ -241,24 +241,28 @@ def _mtu_recipe(r: Recipe, hosts):
     return "fail", nums, "set fabric.rails[].mtu to 9000"
 
 
+def _rail_facts(r: Recipe, hosts: dict[str, dict], key: str) -> list[tuple[str, str, object]]:
+    """(host, rail, value of ds4_rails.<rail>.<key>) for every host and rail of the recipe; value None if absent."""
+    return [(h, rail.name, (facts.get("ds4_rails") or {}).get(rail.name, {}).get(key))
+            for h, facts in hosts.items() for rail in r.fabric.rails]
+
+
 @rule("rails-mtu-hosts", "MTU 9000 on both ends of every rail",
       "shared/UPSTREAM.md: verify jumbo frames end to end (don't-fragment ping of MTU-28 bytes)",
       lambda r: r.fabric is not None)
 def _mtu_hosts(r: Recipe, hosts):
     if not hosts:
         return "unknown", "no host facts", "pass --inventory with ds4_rails: {<rail>: {mtu: ...}} per host"
-    bad, seen = [], []
-    for h, facts in hosts.items():
-        for rail in r.fabric.rails:
-            mtu = (facts.get("ds4_rails") or {}).get(rail.name, {}).get("mtu")
-            if mtu is None:
-                return "unknown", f"{h} has no ds4_rails.{rail.name}.mtu", "add it to the inventory"
-            seen.append(f"{h}/{rail.name} {mtu}")
-            if mtu != rail.mtu:
-                bad.append(f"{h}/{rail.name}")
+    facts = _rail_facts(r, hosts, "mtu")
+    missing = [f"{h}/{rail}" for h, rail, mtu in facts if mtu is None]
+    if missing:
+        return "unknown", f"no ds4_rails.<rail>.mtu for {', '.join(missing)}", "add it to the inventory"
+    want = {x.name: x.mtu for x in r.fabric.rails}
+    nums = ", ".join(f"{h}/{rail} {mtu}" for h, rail, mtu in facts)
+    bad = [f"{h}/{rail}" for h, rail, mtu in facts if mtu != want[rail]]
     if bad:
-        return "fail", ", ".join(seen), f"set MTU {r.fabric.rails[0].mtu} on {', '.join(bad)} (netplan mtu: 9000)"
-    return "pass", ", ".join(seen), ""
+        return "fail", nums, f"set MTU {r.fabric.rails[0].mtu} on {', '.join(bad)} (netplan mtu: 9000)"
+    return "pass", nums, ""
 
 
 @rule("rails-addresses", "every node has an IPv4 inside each rail's subnet, no address twice",
@@ -267,17 +271,16 @@ def _mtu_hosts(r: Recipe, hosts):
 def _rail_addrs(r: Recipe, hosts):
     if not hosts:
         return "unknown", "no host facts", "pass --inventory with ds4_rails: {<rail>: {address: ...}} per host"
+    subnets = {x.name: ipaddress.ip_network(x.subnet) for x in r.fabric.rails}
     seen: dict[str, str] = {}
-    for h, facts in hosts.items():
-        for rail in r.fabric.rails:
-            addr = (facts.get("ds4_rails") or {}).get(rail.name, {}).get("address")
-            if addr is None:
-                return "fail", f"{h} has no address on {rail.name}", f"add ds4_rails.{rail.name}.address for {h}"
-            if ipaddress.ip_address(addr) not in ipaddress.ip_network(rail.subnet):
-                return "fail", f"{h} {rail.name} {addr} not in {rail.subnet}", f"give {h} an address in {rail.subnet}"
-            if addr in seen:
-                return "fail", f"{addr} on {seen[addr]} and {h}", "give every node its own address"
-            seen[addr] = h
+    for h, rail, addr in _rail_facts(r, hosts, "address"):
+        if addr is None:
+            return "fail", f"{h} has no address on {rail}", f"add ds4_rails.{rail}.address for {h}"
+        if ipaddress.ip_address(addr) not in subnets[rail]:
+            return "fail", f"{h} {rail} {addr} not in {subnets[rail]}", f"give {h} an address in {subnets[rail]}"
+        if addr in seen:
+            return "fail", f"{addr} on {seen[addr]} and {h}", "give every node its own address"
+        seen[addr] = h
     return "pass", ", ".join(f"{h} {a}" for a, h in seen.items()), ""
 
 
