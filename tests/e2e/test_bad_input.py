@@ -73,7 +73,7 @@ def test_docker_missing_and_not_installable(scratch):
     playbook = REPO / "tests" / "e2e" / "docker_role.yml"
     p = subprocess.run(
         [str(REPO / ".venv" / "bin" / "ansible-playbook"), "-i", str(REPO / "ansible/inventories/local.yml"),
-         str(playbook), "-e", "docker_cli=/nonexistent/docker",
+         str(playbook), "-e", "docker_cli=/nonexistent/docker", "-e", "docker_daemon=/nonexistent/dockerd",
          "-e", '{"docker_distro_packages": ["ds4deploy-no-such-package"]}'],
         cwd=REPO / "ansible", env=dict(scratch.env, ANSIBLE_CONFIG=str(REPO / "ansible/ansible.cfg")),
         capture_output=True, text=True, timeout=600, check=False,
