@@ -23,9 +23,8 @@ from pathlib import Path
 import yaml
 
 from ds4deploy.errors import UserError
+from ds4deploy.instances import GIB_PER_GB, instance_count
 from ds4deploy.recipe import Recipe
-
-GIB_PER_GB = 1e9 / 2**30  # 1 GB = 0.9313 GiB
 
 
 @dataclass(frozen=True)
@@ -139,10 +138,14 @@ def _k5(r: Recipe, hosts):
 
 @rule("cudagraph-capture-size", "max-cudagraph-capture-size equals max_num_seqs x (k+1)",
       "shared/UPSTREAM.md sm121 serve flags (--max-cudagraph-capture-size <seqs*(k+1)>)",
-      lambda r: "max-cudagraph-capture-size" in r.serving.extra_args)
+      lambda r: "max-cudagraph-capture-size" in r.serving.extra_args
+      or (r.engine.flavor == "gb10-community" and _spec_k(r) > 0))
 def _capture(r: Recipe, hosts):
     k, n = _spec_k(r), r.serving.max_num_seqs
-    got = r.serving.extra_args["max-cudagraph-capture-size"]
+    got = r.serving.extra_args.get("max-cudagraph-capture-size")
+    if got is None:
+        return "fail", "max-cudagraph-capture-size unset", (
+            f"set serving.extra_args.max-cudagraph-capture-size to {n * (k + 1)} (GB10 builds with DSpark need it)")
     nums = f"capture size {got}; max_num_seqs {n} x (k {k} + 1) = {n * (k + 1)}"
     if got == n * (k + 1):
         return "pass", nums, ""
@@ -211,7 +214,9 @@ def _gb10util(r: Recipe, hosts):
 def _onecuda(r: Recipe, hosts):
     c = r.engine.cuda
     nums = f"nvcc {c.nvcc}, headers {c.headers}, cudart {c.cudart}"
-    if len({c.nvcc, c.headers, c.cudart}) == 1:
+    # major.minor, as images/sm86/check_cuda_toolkit.py compares at build time (component patch levels differ
+    # inside one toolkit: nvcc 13.0.88 ships with cudart 13.0.96).
+    if len({".".join(v.split(".")[:2]) for v in (c.nvcc, c.headers, c.cudart)}) == 1:
         return "pass", nums, ""
     return "fail", nums, "pin the pip CUDA runtime and NVRTC packages to the nvcc version"
 
@@ -275,7 +280,7 @@ def _rail_addrs(r: Recipe, hosts):
     seen: dict[str, str] = {}
     for h, rail, addr in _rail_facts(r, hosts, "address"):
         if addr is None:
-            return "fail", f"{h} has no address on {rail}", f"add ds4_rails.{rail}.address for {h}"
+            return "unknown", f"{h} has no address on {rail}", f"add ds4_rails.{rail}.address for {h}"
         if ipaddress.ip_address(addr) not in subnets[rail]:
             return "fail", f"{h} {rail} {addr} not in {subnets[rail]}", f"give {h} an address in {subnets[rail]}"
         if addr in seen:
@@ -315,24 +320,6 @@ def _kernel(r: Recipe, hosts):
 
 
 # --- instances, model, benchmark ---------------------------------------------------------------------------------
-
-
-def instance_count(r: Recipe) -> tuple[int, str]:
-    """How many engine instances a CPU-expert recipe runs on one node, and why.
-
-    count = min(NUMA nodes x floor(RAM per NUMA node / RAM per instance),
-                floor(GPU memory / VRAM per instance), instances.max_count).
-    """
-    i, h = r.instances, r.hardware
-    if i is None:
-        return 1, "one instance"
-    per_numa_gb = (h.ram_per_numa_gib or 0) / GIB_PER_GB
-    by_ram = h.numa_nodes * int(per_numa_gb // i.ram_gb_each)
-    by_vram = int((h.gpus.memory_gib or 0) // i.vram_gib_each) if h.gpus.count else by_ram
-    count = min(by_ram, by_vram, i.max_count or by_ram)
-    why = (f"RAM: {h.numa_nodes} NUMA nodes x floor({per_numa_gb:.0f} GB / {i.ram_gb_each} GB) = {by_ram}; "
-           f"VRAM: floor({h.gpus.memory_gib} GiB / {i.vram_gib_each} GiB) = {by_vram}")
-    return count, why
 
 
 @rule("instances-fit", "at least one engine instance fits a NUMA node's RAM and the GPUs' memory",

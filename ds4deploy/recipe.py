@@ -442,7 +442,7 @@ class Recipe(Strict):
     @property
     def key_file(self) -> str:
         """Where the API key lives on each node: serving.auth.key_file, or /etc/ds4deploy/secrets/<name>.env."""
-        return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.name}.env"
+        return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.base_name}.env"
 
 
 def _fmt_loc(loc: tuple[Any, ...]) -> str:

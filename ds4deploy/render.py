@@ -43,8 +43,9 @@ _ENV = SandboxedEnvironment(
 
 
 def project_name(recipe: Recipe) -> str:
-    """Docker compose project name for a recipe (``ds4-<name>``)."""
-    return f"ds4-{recipe.name}"
+    """Docker compose project name for a recipe (``ds4-<name>``). Variants share their base recipe's project: they
+    are operating choices of the same deployment, so switching variants replaces it instead of running beside it."""
+    return f"ds4-{recipe.base_name}"
 
 
 def recipe_sha256(recipe: Recipe) -> str:
@@ -69,12 +70,19 @@ class Service:
     port: int | None
     health_test: list[str]
     environment: dict[str, str]
+    depends_on: str | None = None
 
 
-# A headless worker serves no HTTP; its healthcheck asks whether the engine process is still alive.
+# A headless worker serves no HTTP; its healthcheck asks whether the engine process is still alive: any process
+# other than the probe itself whose argv holds "--headless" (processes that exit mid-scan are skipped).
 WORKER_ALIVE = ["CMD", "python3", "-c",
-                "import os,sys; sys.exit(0 if any(b'vllm' in open(f'/proc/{p}/cmdline','rb').read() "
-                "for p in os.listdir('/proc') if p.isdigit()) else 1)"]
+                "import os,sys\n"
+                "def argv(p):\n"
+                "    try: return open(f'/proc/{p}/cmdline','rb').read()\n"
+                "    except OSError: return b''\n"
+                "me=str(os.getpid())\n"
+                "sys.exit(0 if any(b'--headless' in argv(p) for p in os.listdir('/proc') if p.isdigit() and p!=me) "
+                "else 1)"]
 
 
 def _http_health(recipe: Recipe, port: int) -> list[str]:
@@ -102,7 +110,7 @@ def node_files(recipe: Recipe) -> dict[str, list[Service]]:
       required: DS4_NODE_RANK, DS4_MASTER_ADDR (head's fabric address), DS4_HOST_IP (this node's fabric address,
       exported as VLLM_HOST_IP), DS4_NCCL_IB_GID_INDEX (RoCE v2 GID index resolved on this node).
     """
-    from ds4deploy.preflight import instance_count
+    from ds4deploy.instances import instance_count
 
     entry = recipe.engine.entrypoint
     args = engine_args(recipe)
@@ -120,8 +128,10 @@ def node_files(recipe: Recipe) -> dict[str, list[Service]]:
         services = []
         for i in range(count):
             numa = ["numactl", f"--membind={i}", f"--cpunodebind={i}"]
+            # Instances share the GPUs: start them one after another (vLLM's start-up memory profiling is wrong
+            # while another process on the same GPU is still allocating).
             services.append(Service(f"engine-{i}", [*numa, *entry, *_with_port(args, port + i)], port + i,
-                                    _http_health(recipe, port + i), {}))
+                                    _http_health(recipe, port + i), {}, f"engine-{i - 1}" if i else None))
         return {"compose.yaml": services}
     return {"compose.yaml": [Service("engine", [*entry, *args], port, _http_health(recipe, port), {})]}
 

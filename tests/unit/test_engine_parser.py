@@ -57,7 +57,7 @@ def test_every_rendered_argv_parses_with_the_real_vllm_parser():
     for r in recipes:
         for file, services in node_files(r).items():
             for svc in services:
-                argv = svc.command[svc.command.index("vllm.entrypoints.openai.api_server") + 1:]
+                argv = svc.command[svc.command.index(r.engine.entrypoint[-1]) + 1:]
                 argv = [{"${DS4_NODE_RANK:?set by the deploy}": "1",
                          "${DS4_MASTER_ADDR:?set by the deploy}": "192.0.2.1"}.get(a, a) for a in argv]
                 argvs.append(strip_fork_only(argv, r.engine.fork_only_flags))

@@ -62,14 +62,33 @@ def test_sm70_is_cuda12_and_arch_70_only():
     assert 'if [ "${TORCH_CUDA_ARCH_LIST}" != "7.0" ]' in text
     assert "ninja-build" in text and "g++" in text
     assert "pip install --no-cache-dir --no-build-isolation -e /opt/1cat" in text  # source tree kept for JIT
+    assert text.count("bash /opt/1cat/tools/torch_patches/apply.sh") == 2
+    assert "git+https://github.com/triton-lang/triton" not in text
+
+
+def test_sm70_arch_check_needs_no_gpu():
+    """The image's sm_70 check, run for real against this machine's CPU torch: it must evaluate (no GPU needed)
+    and fail here, because the CPU build has no CUDA arch flags."""
+    eng = REPO_ROOT / ".cache" / "engine-venv" / "bin" / "python"
+    if not eng.is_file():
+        pytest.skip("no .cache/engine-venv: run `make unit` (it creates it)")
+    text = (REPO_ROOT / "images/sm70/Dockerfile").read_text()
+    check = re.search(r'/opt/venv/bin/python -c "(import torch; flags = [^"]+)"', text).group(1)
+    p = subprocess.run([str(eng), "-c", check], capture_output=True, text=True, check=False)
+    assert p.returncode == 1
+    assert "AssertionError" in p.stderr
 
 
 def test_sm86_verifies_the_wheel_and_pins_one_cuda_toolkit():
     text = (REPO_ROOT / "images/sm86/Dockerfile").read_text()
     assert 'sha256sum -c -' in text
     assert 'if [ -z "${LVLLMDS4X_SHA256}" ]' in text
-    for pkg in ("nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-cuda-nvcc"):
+    for pkg in ("nvidia-cuda-runtime", "nvidia-cuda-nvrtc", "nvidia-cuda-nvcc", "nvidia-cuda-cccl"):
         assert f'"{pkg}==${{CUDA_PIP_VERSION}}"' in text
+    # after torch, without its dependency resolution (torch 2.11.0 pins the 13.0 toolkit)
+    assert text.index("pip install --no-cache-dir --no-deps") > text.index('"torch==${TORCH_VERSION}"')
+    runtime = text[text.rindex("FROM ${BASE_IMAGE}"):]
+    assert "python3-dev" in runtime
     assert "check_cuda_toolkit.py" in text and "numactl" in text
     assert dockerfile_args("sm86")["BASE_IMAGE"] == "ubuntu:24.04"
 

@@ -48,6 +48,7 @@ COUNTEREXAMPLES = [
     ("dspark-seqs-32", SM86, "serving.max_num_seqs", 6),
     ("gb10-dspark-k5", GX10, "serving.speculative.num_speculative_tokens", 3),
     ("cudagraph-capture-size", GX10, "serving.max_num_seqs", 12),
+    ("cudagraph-capture-size", GX10, "serving.extra_args", {"block-size": 256}),
     ("v100-fp16", V100, "model.dtype", "bfloat16"),
     ("v100-arch-list", V100, "engine.torch_cuda_arch_list", "7.0;8.0"),
     ("v100-cuda12", V100, "engine.cuda.nvcc", "13.0"),
@@ -134,7 +135,15 @@ def test_instance_count_is_derived_from_ram_and_vram():
     count, why = preflight.instance_count(load_recipe(SM86))
     assert count == 3
     assert "4 NUMA nodes" in why
-    assert "floor(24.0 GiB / 6.6 GiB) = 3" in why
+    assert "floor(23.69 GiB / 6.15 GiB) = 3" in why
+    assert "floor(1 / 0.3) = 3" in why
+    # Never more instances than NUMA nodes (instance i is bound to node i), whatever the GPUs would allow.
+    r = mutate(SM86, "instances.vram_gib_each", 1.0)
+    data = r.model_dump(mode="python")
+    data["serving"]["gpu_memory_utilization"] = 0.1
+    data["memory"]["weights_on_gpu_gb"] = 0.1
+    roomy = type(r).model_validate(data)
+    assert preflight.instance_count(roomy)[0] == 4
 
 
 def test_cli_with_inventory_and_exit_codes(tmp_path):

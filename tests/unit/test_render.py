@@ -135,6 +135,8 @@ def test_multi_node_recipe_renders_head_and_headless_worker():
     head = yaml.safe_load(files["compose.head.yaml"])["services"]["engine"]
     worker = yaml.safe_load(files["compose.worker.yaml"])["services"]["engine"]
     assert "--headless" in worker["command"] and "--headless" not in head["command"]
+    # only the serve CLI turns --headless into a headless worker
+    assert worker["command"][:2] == ["vllm", "serve"]
     for svc in (head, worker):
         assert svc["network_mode"] == "host"
         assert svc["ipc"] == "host"
@@ -156,3 +158,20 @@ def test_numa_instances_render_one_pinned_service_each():
         cmd = c["services"][name]["command"]
         assert cmd[:3] == ["numactl", f"--membind={i}", f"--cpunodebind={i}"]
         assert cmd[cmd.index("--port") + 1] == str(8000 + i)
+
+
+def test_worker_probe_fails_without_an_engine_and_passes_with_one(tmp_path):
+    """The worker healthcheck, run for real: no --headless process -> 1; one running -> 0."""
+    import subprocess
+    import sys
+
+    from ds4deploy.render import WORKER_ALIVE
+
+    code = WORKER_ALIVE[-1]
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 1
+    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--headless"])
+    try:
+        assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+    finally:
+        fake.kill()
+        fake.wait()
