@@ -92,7 +92,9 @@ def test_a_failing_preflight_rule_stops_the_deploy_with_its_table(scratch):
 
     name = scratch.variant("e2e-rule", edit)
     p = scratch.deploy(name)
-    _assert_clean_failure(p, f"ds4-{name}", "gb10-dspark-k5", "set serving.speculative.num_speculative_tokens to 5")
+    # The table names each failing rule with its numbers and fix (k=3 also breaks the GB10 capture-size rule).
+    _assert_clean_failure(p, f"ds4-{name}", "gb10-dspark-k5", "k = 3", "cudagraph-capture-size",
+                          "0 passed, 2 failed")
     assert "PLAY [" not in p.stdout, "no host may be touched when a preflight rule fails"
 
 
