@@ -65,6 +65,9 @@ def engine_args(recipe: Recipe) -> list[str]:
         args += ["--reasoning-parser", s.reasoning_parser]
     if s.enable_prefix_caching is not None:
         args.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+    if recipe.hardware.nodes > 1 and recipe.fabric is not None:
+        # Written once in the recipe (hardware.nodes, fabric.master_port), derived here.
+        args += ["--nnodes", str(recipe.hardware.nodes), "--master-port", str(recipe.fabric.master_port)]
     for name, value in s.extra_args.items():
         if value is True:
             args.append(f"--{name}")
@@ -73,3 +76,21 @@ def engine_args(recipe: Recipe) -> list[str]:
         else:
             args += [f"--{name}", str(value)]
     return args
+
+
+# Environment derived from the recipe's fabric, so each fact is written once (fabric), never copied into engine.env.
+FABRIC_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+
+
+def engine_env(recipe: Recipe) -> dict[str, str]:
+    """The engine's non-secret environment: ``engine.env`` plus what the fabric implies.
+
+    With a fabric: NCCL_IB_HCA lists ``fabric.nccl_ib_hca`` (both twin HCAs of every rail's port), and NCCL's,
+    Gloo's and torch's socket interface is the first rail's netdev (shared/UPSTREAM.md sm121 NCCL/torch env).
+    """
+    env = dict(recipe.engine.env)
+    if recipe.fabric is not None:
+        env["NCCL_IB_HCA"] = ",".join(recipe.fabric.nccl_ib_hca)
+        for key in FABRIC_ENV[1:]:
+            env[key] = recipe.fabric.rails[0].netdev
+    return env

@@ -293,12 +293,15 @@ def _rail_addrs(r: Recipe, hosts):
       "shared/UPSTREAM.md sm121: NCCL_IB_HCA lists both twin HCAs of the port; one HCA = half the bandwidth",
       lambda r: r.fabric is not None)
 def _twins(r: Recipe, hosts):
-    env = [x for x in r.engine.env.get("NCCL_IB_HCA", "").split(",") if x]
-    missing = [h for rail in r.fabric.rails for h in rail.hcas if h not in env]
-    nums = f"NCCL_IB_HCA={','.join(env) or '(unset)'}; rails need {[h for x in r.fabric.rails for h in x.hcas]}"
-    if not missing and sorted(env) == sorted(r.fabric.nccl_ib_hca):
+    from ds4deploy.engine_args import engine_env
+
+    env = [x for x in engine_env(r).get("NCCL_IB_HCA", "").split(",") if x]
+    need = [h for rail in r.fabric.rails for h in rail.hcas]
+    missing = [h for h in need if h not in env]
+    nums = f"NCCL_IB_HCA={','.join(env) or '(unset)'}; rails need {need}"
+    if not missing:
         return "pass", nums, ""
-    return "fail", nums, f"set engine.env.NCCL_IB_HCA to {','.join(r.fabric.nccl_ib_hca)}"
+    return "fail", nums, f"add {', '.join(missing)} to fabric.nccl_ib_hca"
 
 
 @rule("kernel-known-bad", "no node runs a kernel release the recipe knows to be broken",

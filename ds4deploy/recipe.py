@@ -416,6 +416,15 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
+        if self.fabric is not None:
+            derived = {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"}
+            twice = sorted(derived & set(self.engine.env))
+            if twice:
+                raise ValueError(f"engine.env sets {', '.join(twice)}, which the deploy derives from fabric "
+                                 "(nccl_ib_hca, rails[0].netdev): remove them from engine.env")
+        if {"nnodes", "master-port"} & set(self.serving.extra_args) and self.fabric is not None:
+            raise ValueError("serving.extra_args sets nnodes/master-port, which come from hardware.nodes and "
+                             "fabric.master_port: remove them")
         if self.parallelism.nodes != self.hardware.nodes:
             raise ValueError(
                 f"parallelism.nodes={self.parallelism.nodes} differs from hardware.nodes={self.hardware.nodes}"

@@ -21,7 +21,7 @@ from pathlib import Path
 from jinja2 import PackageLoader, StrictUndefined, TemplateError
 from jinja2.sandbox import SandboxedEnvironment
 
-from ds4deploy.engine_args import CONTAINER_MODEL_DIR, engine_args
+from ds4deploy.engine_args import CONTAINER_MODEL_DIR, engine_args, engine_env
 from ds4deploy.errors import UserError
 from ds4deploy.net import base_url, url_host
 from ds4deploy.recipe import REPO_ROOT, Recipe
@@ -152,6 +152,7 @@ def render(recipe: Recipe) -> Rendered:
         "bind_host": url_host(recipe.serving.bind_address),
         "health": HEALTHCHECK,
         "compose_files": list(nodes),
+        "engine_env": engine_env(recipe),
         "ports": [svc.port for svcs in nodes.values() for svc in svcs if svc.port is not None],
     }
     files: dict[str, str] = {}

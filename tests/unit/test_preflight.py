@@ -57,7 +57,7 @@ COUNTEREXAMPLES = [
     ("cuda-one-toolkit", SM86, "engine.cuda.headers", "13.0.2"),
     ("rails-distinct-subnets", GX10, "fabric.rails.1.subnet", "192.168.100.0/24"),
     ("rails-mtu-recipe", GX10, "fabric.rails.0.mtu", 1500),
-    ("nccl-ib-hca-twins", GX10, "engine.env.NCCL_IB_HCA", "rocep1s0f0,rocep1s0f1"),
+    ("nccl-ib-hca-twins", GX10, "fabric.nccl_ib_hca", ["rocep1s0f0", "rocep1s0f1"]),
     ("instances-fit", SM86, "serving.gpu_memory_utilization", 0.2),
     ("instances-fit", SM86, "hardware.ram_per_numa_gib", 100.0),
     ("bench-max-tokens", GX10, "benchmark.max_tokens", None),

@@ -13,7 +13,7 @@ from ds4deploy import render
 from ds4deploy.engine_args import engine_args
 from ds4deploy.errors import UserError
 from ds4deploy.recipe import load_recipe
-from tests.unit.conftest import run_cli, write_variant
+from tests.unit.conftest import REPO, run_cli, write_variant
 
 
 def test_committed_renders_are_fresh():
@@ -175,3 +175,27 @@ def test_worker_probe_fails_without_an_engine_and_passes_with_one(tmp_path):
     finally:
         fake.kill()
         fake.wait()
+
+
+def test_fabric_facts_are_written_once_and_derived(recipe_dir):
+    import shutil
+
+    shutil.copy(REPO / "recipes" / "gx10x2-ds4-flash-fp8.yaml", recipe_dir / "gx10x2-ds4-flash-fp8.yaml")
+    files = render.render(load_recipe("gx10x2-ds4-flash-fp8")).files
+    env = files["engine.env"]
+    assert "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1" in env
+    assert "NCCL_SOCKET_IFNAME=enp1s0f0np0" in env
+    args = json.loads(files["engine-args.json"])
+    assert args[args.index("--nnodes") + 1] == "2"
+    assert args[args.index("--master-port") + 1] == "25000"
+    write_variant_from(recipe_dir, "gx10x2-ds4-flash-fp8", "gxdup",
+                       lambda d: d["engine"]["env"].update(NCCL_IB_HCA="rocep1s0f0"))
+    with pytest.raises(UserError, match="derives from fabric"):
+        load_recipe("gxdup")
+
+
+def write_variant_from(recipe_dir, base, name, edit):
+    data = yaml.safe_load((recipe_dir / f"{base}.yaml").read_text())
+    data["name"] = name
+    edit(data)
+    (recipe_dir / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
