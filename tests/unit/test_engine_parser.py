@@ -9,10 +9,11 @@ import textwrap
 
 import pytest
 
-from ds4deploy.recipe import REPO_ROOT, all_recipes
+from ds4deploy.engine_venv import ENGINE_PYTHON
+from ds4deploy.recipe import all_recipes
 from ds4deploy.render import node_files
 
-ENGINE_PY = REPO_ROOT / ".cache" / "engine-venv" / "bin" / "python"
+ENGINE_PY = ENGINE_PYTHON
 PARSE = textwrap.dedent("""
     import json, sys
     from vllm.entrypoints.launchers.cli_args import make_arg_parser

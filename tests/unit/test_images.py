@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ds4deploy import image
+from ds4deploy.engine_venv import ENGINE_PYTHON
 from ds4deploy.recipe import REPO_ROOT, all_recipes, load_recipe
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -69,7 +70,7 @@ def test_sm70_is_cuda12_and_arch_70_only():
 def test_sm70_arch_check_needs_no_gpu():
     """The image's sm_70 check, run for real against this machine's CPU torch: it must evaluate (no GPU needed)
     and fail here, because the CPU build has no CUDA arch flags."""
-    eng = REPO_ROOT / ".cache" / "engine-venv" / "bin" / "python"
+    eng = ENGINE_PYTHON
     if not eng.is_file():
         pytest.skip("no .cache/engine-venv: run `make unit` (it creates it)")
     text = (REPO_ROOT / "images/sm70/Dockerfile").read_text()
