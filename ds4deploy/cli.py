@@ -103,40 +103,68 @@ def cmd_model_manifest(ns: argparse.Namespace) -> int:
 
 
 def cmd_model_verify(ns: argparse.Namespace) -> int:
-    """Check a model directory against the committed manifest; exit 1 naming each differing file."""
-    from ds4deploy.manifest import load_manifest, manifest_path, verify_dir
+    """Check a model directory against the committed manifest, in parallel, with a progress bar and a per-file table
+    (stdout; ``--json`` prints one JSON object instead). Unchanged files verified before are taken from the sidecar
+    (size, mtime, ctime, inode); ``--full`` re-hashes everything. Exit 1 naming each differing file."""
+    from ds4deploy.manifest import load_manifest, manifest_path
     from ds4deploy.recipe import load_recipe
+    from ds4deploy.verify import byte_progress, results_table, verify_model
 
     recipe = load_recipe(ns.recipe)
     model_dir = Path(ns.dir or recipe.model.path)
     manifest = load_manifest(recipe)
-    problems = verify_dir(model_dir, manifest)
-    if problems:
+    if not model_dir.is_dir():
+        raise UserError(f"model directory {model_dir} does not exist",
+                        f"fetch or stage the model first (`ds4deploy model fetch {recipe.name}`), or pass --dir")
+    with byte_progress(f"verifying {model_dir.name}") as (on_total, on_bytes):
+        report = verify_model(model_dir, manifest, full=ns.full, workers=ns.workers, on_total=on_total,
+                              on_bytes=on_bytes)
+    rate = report.bytes_hashed / report.seconds if report.seconds > 0 else 0.0
+    if ns.json:
+        print(json.dumps({"ok": report.ok, "dir": str(model_dir), "verified": sum(r.ok for r in report.results),
+                          "counts": report.counts(), "bytes_hashed": report.bytes_hashed,
+                          "seconds": round(report.seconds, 3), "bytes_per_s": round(rate), "workers": report.workers,
+                          "files": {r.name: r.status for r in report.results}}))
+    else:
+        from rich.console import Console
+
+        console = Console()
+        console.print(results_table(report, f"{recipe.name}: {model_dir}"))
+        c = report.counts()
+        console.print(f"{sum(r.ok for r in report.results)}/{len(report.results)} verified "
+                      f"({c.get('cached', 0)} from the sidecar), {report.bytes_hashed / 1e9:.2f} GB hashed in "
+                      f"{report.seconds:.2f} s ({rate / 1e9:.2f} GB/s, {report.workers} threads)")
+    if not report.ok:
         raise UserError(
-            f"model in {model_dir} does not match {manifest_path(recipe).name}:\n  " + "\n  ".join(problems),
-            f"remove {model_dir} and deploy again (the model is regenerated or re-fetched)",
+            f"model in {model_dir} does not match {manifest_path(recipe).name}:\n  " + "\n  ".join(report.problems()),
+            f"remove the named files (or {model_dir}) and fetch or deploy again",
             code=1,
         )
-    print(json.dumps({"verified": len(manifest["files"]), "dir": str(model_dir)}))
     return 0
 
 
 def cmd_model_fetch(ns: argparse.Namespace) -> int:
-    """Download a 'hub' recipe's pinned revision into --dest (default: model.path)."""
-    from ds4deploy.hub import fetch
+    """Download a 'hub' recipe's pinned revision into --dest (default: model.path), placing only files whose hash
+    matches the committed manifest; prints {"dest", "commit", "fetched", "present"}."""
+    from ds4deploy.fetch import fetch_model
     from ds4deploy.recipe import load_recipe
 
     recipe = load_recipe(ns.recipe)
-    dest = fetch(recipe, Path(ns.dest or recipe.model.path))
-    print(json.dumps({"dest": str(dest)}))
+    if recipe.model.source != "hub":
+        raise UserError(f"recipe '{recipe.name}' has model.source '{recipe.model.source}', not 'hub'",
+                        "use `ds4deploy model generate` for generated models; local models are placed by hand")
+    res = fetch_model(recipe, Path(ns.dest or recipe.model.path), workers=ns.workers)
+    print(json.dumps({"dest": str(res.dest), "commit": res.commit, "fetched": res.fetched,
+                      "present": len(res.present)}))
     return 0
 
 
 def cmd_model_stage(ns: argparse.Namespace) -> int:
     """Generate or fetch the model into a staging directory, verify it against the committed manifest, and print
     the sha256 of every file (what the nodes' copies are checked against)."""
-    from ds4deploy.manifest import load_manifest, manifest_path, sha256_map, verify_dir
+    from ds4deploy.manifest import load_manifest, manifest_path, sha256_map
     from ds4deploy.recipe import load_recipe
+    from ds4deploy.verify import verify_model
 
     recipe = load_recipe(ns.recipe)
     if recipe.model.source == "local":
@@ -147,16 +175,16 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
         )
     dest = Path(ns.dest)
     manifest = load_manifest(recipe)
-    before = verify_dir(dest, manifest) if dest.is_dir() else ["absent"]
+    before = verify_model(dest, manifest).problems() if dest.is_dir() else ["absent"]
     if recipe.model.source == "generated":
         from ds4deploy.tinymodel import generate
 
         generate(dest, _generator_spec(recipe))
     elif before:
-        from ds4deploy.hub import fetch
+        from ds4deploy.fetch import fetch_model
 
-        fetch(recipe, dest)
-    problems = verify_dir(dest, manifest)
+        fetch_model(recipe, dest, manifest)
+    problems = verify_model(dest, manifest).problems()
     if problems:
         raise UserError(
             f"the staged model in {dest} does not match {manifest_path(recipe).name}:\n  " + "\n  ".join(problems),
@@ -257,17 +285,24 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("recipe")
     m.add_argument("--write", action="store_true", help="write recipes/<recipe>.manifest.json")
     m.set_defaults(func=cmd_model_manifest)
-    f = mp.add_parser("fetch", help="download a 'hub' recipe's pinned revision (resumable, parallel)")
+    f = mp.add_parser("fetch", help="download a 'hub' recipe's pinned revision (resumable, parallel); only files "
+                      "matching the manifest are placed")
     f.add_argument("recipe")
     f.add_argument("--dest", help="directory (default: the recipe's model.path)")
+    f.add_argument("--workers", type=int, default=8, help="files downloaded in parallel (default 8)")
     f.set_defaults(func=cmd_model_fetch)
     st = mp.add_parser("stage", help="generate or fetch into --dest, verify against the manifest, print sha256s")
     st.add_argument("recipe")
     st.add_argument("--dest", required=True)
     st.set_defaults(func=cmd_model_stage)
-    vf = mp.add_parser("verify", help="check a model directory against the recipe's manifest")
+    vf = mp.add_parser("verify", help="check a model directory against the recipe's manifest (parallel; unchanged "
+                       "files verified before come from the sidecar)")
     vf.add_argument("recipe")
     vf.add_argument("--dir", help="model directory (default: the recipe's model.path)")
+    vf.add_argument("--full", action="store_true", help="ignore the sidecar and re-hash every byte (catches silent "
+                    "corruption that leaves size, mtime and ctime unchanged)")
+    vf.add_argument("--workers", type=int, help="hashing threads (default: usable cores)")
+    vf.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     vf.set_defaults(func=cmd_model_verify)
 
     ip = sub.add_parser("image", help="image commands").add_subparsers(dest="sub", required=True)

@@ -1,13 +1,20 @@
-"""Hub models: fetch a pinned revision with huggingface_hub and build its manifest from the hub's metadata.
+"""Hub models: resolve a recipe's pinned revision, build its manifest from the hub's metadata, download files.
 
-`fetch` downloads ``model.repo_id`` at ``model.revision`` into a directory (parallel, resumable: huggingface_hub
-keeps ``.incomplete`` files and resumes them). `hub_manifest` lists every file of that revision with its size,
-the sha256 the hub records for large (LFS) files and the git blob sha1 for small ones; `ds4deploy.manifest`
-checks a directory against it. $HF_ENDPOINT points at a mirror; $HF_TOKEN authenticates.
+`hub_manifest` lists every file of the pinned revision with its size, the sha256 the hub records for large (LFS)
+files and the git blob sha1 for small ones, and records the full 40-hex commit the hub resolved the pin to.
+`resolve_revision` asks the hub which commit the recipe's pin names now; `download` fetches named files of one
+full commit into a directory with huggingface_hub (parallel, resumable: it keeps ``.incomplete`` files under
+``<dir>/.cache/huggingface/download/`` and continues them with an HTTP Range request). Placing verified files into
+the model directory is `ds4deploy.fetch`'s job. $HF_ENDPOINT points at a mirror; $HF_TOKEN authenticates.
+
+Pins: recipes may pin a 7-40 hex prefix (the hub resolves commit prefixes server-side, huggingface_hub issue
+#197, fixed on the hub in 2023); the manifest always records the full commit, and fetch downloads that commit
+and refuses when the hub now resolves the recipe's pin to a different one.
 """
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 from ds4deploy.errors import UserError
@@ -35,7 +42,8 @@ def _hub_error(recipe: Recipe, exc: Exception) -> UserError:
             exc = cand
             break
     else:
-        if any(type(c).__name__ in ("ConnectError", "ConnectTimeout", "TimeoutException", "OfflineModeIsEnabled")
+        if any(type(c).__name__ in ("ConnectError", "ConnectTimeout", "TimeoutException", "OfflineModeIsEnabled",
+                                    "ReadTimeout", "RemoteProtocolError", "ReadError")
                for c in chain):
             exc = ConnectionError(str(chain[-1]))
     if isinstance(exc, RevisionNotFoundError):
@@ -78,33 +86,102 @@ def hub_manifest(recipe: Recipe) -> dict:
         info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
     except Exception as exc:
         raise _hub_error(recipe, exc) from None
+    sha = check_resolved(recipe, info.sha)
     files = {}
     for s in sorted(info.siblings or [], key=lambda s: s.rfilename):
         if s.lfs is not None:
             files[s.rfilename] = {"size": s.lfs.size, "sha256": s.lfs.sha256}
         else:
             files[s.rfilename] = {"size": s.size, "git_sha1": s.blob_id}
-    return {"recipe": recipe.name, "source": "hub", "repo_id": repo_id, "revision": info.sha or revision,
-            "files": files}
+    return {"recipe": recipe.name, "source": "hub", "repo_id": repo_id, "revision": sha, "files": files}
 
 
-def fetch(recipe: Recipe, dest: Path, workers: int = 8) -> Path:
-    """Download the recipe's pinned hub revision into `dest` (resumable, `workers` files in parallel).
+def check_resolved(recipe: Recipe, sha: str | None) -> str:
+    """The hub's answer for the recipe's pin must be a full commit that starts with the pin.
+
+    A 7-hex pin could also be the name of a branch or tag (e.g. a branch called ``deadbee``) that points elsewhere;
+    this check refuses that.
 
     Raises:
-        UserError: unknown repository or revision, a file missing upstream, hub unreachable, disk errors.
+        UserError: the hub returned no full commit, or one that does not start with the pinned prefix.
     """
-    from huggingface_hub import snapshot_download
+    m = recipe.model
+    if not sha or len(sha) != 40 or any(c not in "0123456789abcdef" for c in sha):
+        raise UserError(f"the hub did not resolve {m.repo_id}@{m.revision} to a full commit (got {sha!r})",
+                        "pin the full 40-hex commit in model.revision")
+    if not sha.startswith(m.revision or ""):
+        raise UserError(f"the hub resolves {m.repo_id}@{m.revision} to commit {sha}, which does not start with the "
+                        f"pinned {m.revision} (a branch or tag of that name?)",
+                        f"pin the full 40-hex commit in recipes/{recipe.name}.yaml (model.revision)")
+    return sha
+
+
+def resolve_revision(recipe: Recipe) -> str:
+    """The full commit the hub resolves the recipe's pinned revision (a prefix or a full commit) to, now.
+
+    Raises:
+        UserError: unknown repository or revision, gated repository, hub unreachable, pin that resolves to a commit
+            not starting with it.
+    """
+    from huggingface_hub import HfApi
 
     repo_id, revision = _require_hub(recipe)
     try:
-        dest.mkdir(parents=True, exist_ok=True)
-        snapshot_download(repo_id, revision=revision, local_dir=dest, max_workers=workers)
-    except OSError as exc:
-        if exc.__class__.__module__.startswith("huggingface_hub"):
-            raise _hub_error(recipe, exc) from None
-        raise UserError(f"could not write {dest}: {exc.strerror or exc}",
-                        "free disk space or choose another model.path") from None
+        info = HfApi().model_info(repo_id, revision=revision)
     except Exception as exc:
         raise _hub_error(recipe, exc) from None
+    return check_resolved(recipe, info.sha)
+
+
+def is_enospc(exc: BaseException) -> bool:
+    """True when `exc` or an exception in its cause/context chain is "no space left on device" (ENOSPC)."""
+    seen = 0
+    e: BaseException | None = exc
+    while e is not None and seen < 10:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return False
+
+
+def download(recipe: Recipe, commit: str, names: list[str], into: Path, workers: int = 8,
+             progress: bool = True) -> None:
+    """Download `names` of `recipe.model.repo_id` at full commit `commit` into `into` (created if needed).
+
+    Resumable: partial files stay under ``<into>/.cache/huggingface/download/`` and the next call continues them
+    with a Range request; complete files whose recorded commit matches are not downloaded again. `workers` files
+    are fetched in parallel (huggingface_hub's default is 8). The progress bar is huggingface_hub's (tqdm, stderr).
+
+    Raises:
+        OSError: with errno ENOSPC when the disk fills (the caller cleans up and explains).
+        UserError: unknown repository or revision, gated repository, a file missing upstream, hub unreachable.
+    """
+    import glob
+
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.utils import disable_progress_bars, enable_progress_bars
+
+    repo_id, _ = _require_hub(recipe)
+    (disable_progress_bars if not progress else enable_progress_bars)()
+    try:
+        into.mkdir(parents=True, exist_ok=True)
+        snapshot_download(repo_id, revision=commit, local_dir=into, max_workers=workers,
+                          allow_patterns=[glob.escape(n) for n in names])
+    except Exception as exc:
+        if is_enospc(exc):
+            raise OSError(errno.ENOSPC, "No space left on device") from exc
+        if isinstance(exc, OSError) and not exc.__class__.__module__.startswith(("huggingface_hub", "httpx")) \
+                and exc.errno is not None:
+            raise UserError(f"could not write {into}: {exc.strerror or exc}",
+                            "make the model directory's parent writable or choose another model.path") from None
+        raise _hub_error(recipe, exc) from None
+
+
+def fetch(recipe: Recipe, dest: Path, workers: int = 8) -> Path:
+    """Fetch the recipe's pinned model into `dest`, hash-checked against its committed manifest
+    (`ds4deploy.fetch.fetch_model`). Kept for callers of the former API; returns `dest`."""
+    from ds4deploy.fetch import fetch_model
+    from ds4deploy.manifest import load_manifest
+
+    fetch_model(recipe, dest, load_manifest(recipe), workers=workers)
     return dest

@@ -6,20 +6,22 @@ A manifest is JSON committed next to the recipe (``recipes/<name>.manifest.json`
 
 Sizes are bytes. Each file carries ``sha256`` or, for small files of a hub repository whose metadata records only
 their git object id, ``git_sha1`` (sha1 of ``b"blob <size>\0" + content``, as git computes it).
-`verify_dir` re-hashes every listed file; any missing, wrong-size or different file fails.
+Hub manifests also record ``repo_id`` and ``revision``, the full 40-hex commit the hub resolved the recipe's pin
+to (`ds4deploy.hub.hub_manifest`); `ds4deploy.fetch` downloads exactly that commit.
+`verify_dir` re-hashes every listed file (in parallel, `ds4deploy.verify`); any missing, wrong-size or different
+file fails. `check_manifest` refuses a manifest whose shape or file names are unsafe before anything is written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+import re
+from pathlib import Path, PurePosixPath
 
 from ds4deploy import recipe as recipe_mod
 from ds4deploy.errors import UserError
 from ds4deploy.recipe import Recipe
-
-CHUNK = 1 << 20  # 1 MiB reads
 
 
 def manifest_path(recipe: Recipe) -> Path:
@@ -27,21 +29,18 @@ def manifest_path(recipe: Recipe) -> Path:
     return recipe_mod.RECIPES_DIR / f"{recipe.base_name}.manifest.json"
 
 
-def _hash_file(path: Path, h) -> str:
-    with path.open("rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def sha256_file(path: Path) -> str:
     """Hex sha256 of a file, read in 1 MiB chunks."""
-    return _hash_file(path, hashlib.sha256())
+    from ds4deploy.verify import hash_path
+
+    return hash_path(path, "sha256")
 
 
 def git_sha1_file(path: Path) -> str:
     """Git blob object id of a file: sha1 over ``b"blob <size>\0"`` followed by the content."""
-    return _hash_file(path, hashlib.sha1(f"blob {path.stat().st_size}\0".encode(), usedforsecurity=False))
+    from ds4deploy.verify import hash_path
+
+    return hash_path(path, "git_sha1")
 
 
 def manifest_of_files(recipe: Recipe, files: dict[str, bytes]) -> dict:
@@ -68,30 +67,54 @@ def load_manifest(recipe: Recipe) -> dict:
             f"no model manifest for recipe '{recipe.name}' ({path} is missing)",
             f"create it with `ds4deploy model manifest {recipe.name} --write` and commit it",
         )
-    return json.loads(path.read_text(encoding="utf-8"))
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc}",
+                        f"rebuild it with `ds4deploy model manifest {recipe.name} --write`") from None
+    check_manifest(manifest, str(path))
+    return manifest
+
+
+_HEX = {"sha256": re.compile(r"^[0-9a-f]{64}$"), "git_sha1": re.compile(r"^[0-9a-f]{40}$")}
+FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def check_manifest(manifest: dict, where: str = "the manifest") -> None:
+    """Refuse a manifest that cannot be trusted to name files: every entry needs an integer ``size`` >= 0 and a
+    ``sha256`` (64 hex) or ``git_sha1`` (40 hex), and every name must be a plain relative POSIX path (no ``..``,
+    no absolute path, no backslash), since fetch writes each name under the model directory.
+
+    Raises:
+        UserError: naming the first bad entry.
+    """
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise UserError(f"{where} lists no files", "rebuild it with `ds4deploy model manifest <recipe> --write`")
+    for name, entry in files.items():
+        parts = PurePosixPath(name).parts
+        if (not name or name.startswith("/") or "\\" in name or any(p in ("..", ".") for p in parts)
+                or name != str(PurePosixPath(name))):
+            raise UserError(f"{where} names an unsafe path {name!r}",
+                            "file names must be relative paths inside the model directory")
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or entry["size"] < 0:
+            raise UserError(f"{where}: {name} has no integer size", "rebuild the manifest")
+        kinds = [k for k in ("sha256", "git_sha1") if entry.get(k)]
+        if not kinds or not _HEX[kinds[0]].match(str(entry[kinds[0]])):
+            raise UserError(f"{where}: {name} has no valid sha256 (64 hex) or git_sha1 (40 hex)",
+                            "rebuild the manifest")
 
 
 def verify_dir(model_dir: Path, manifest: dict) -> list[str]:
-    """Compare a model directory with a manifest.
+    """Compare a model directory with a manifest, re-hashing every file (no sidecar), in parallel.
 
     Returns:
-        One line per problem (missing file, wrong size, wrong sha256); empty when the directory matches.
+        One line per problem (missing file, wrong size, wrong sha256/git sha1 with both digests); empty when the
+        directory matches.
     """
-    problems = []
-    for name, want in sorted(manifest["files"].items()):
-        path = model_dir / name
-        if not path.is_file():
-            problems.append(f"{path}: missing")
-            continue
-        size = path.stat().st_size
-        if size != want["size"]:
-            problems.append(f"{path}: size {size} bytes, manifest says {want['size']}")
-            continue
-        kind = "sha256" if "sha256" in want else "git_sha1"
-        digest = sha256_file(path) if kind == "sha256" else git_sha1_file(path)
-        if digest != want[kind]:
-            problems.append(f"{path}: {kind} {digest[:16]}..., manifest says {want[kind][:16]}...")
-    return problems
+    from ds4deploy.verify import verify_model
+
+    return verify_model(model_dir, manifest, full=True, use_sidecar=False).problems()
 
 
 def sha256_map(model_dir: Path, manifest: dict) -> dict[str, str]:

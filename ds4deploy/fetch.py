@@ -1,0 +1,234 @@
+"""Fetch a hub model into its directory so that only files matching the manifest are ever placed there.
+
+Flow of `fetch_model(recipe, dest, manifest)`:
+
+1. Pin: the manifest must record a full 40-hex commit that starts with the recipe's ``model.revision`` (a 7-40
+   hex prefix is allowed in the recipe, `ds4deploy.recipe.Model`), and the hub must resolve the recipe's pin to
+   exactly that commit now (`ds4deploy.hub.resolve_revision`). Files are downloaded from the full commit, never
+   from the prefix.
+2. What is already there: files in `dest` that verify (`ds4deploy.verify`, sidecar-fast) are kept; the rest are
+   fetched.
+3. Room: the bytes still to download (manifest sizes of the missing files minus what the staging directory already
+   holds) are compared with ``shutil.disk_usage`` of the staging directory's filesystem before any download.
+4. Download into the staging directory (`staging_dir`: ``<parent>/.<name>.ds4-staging``, a sibling of `dest` on
+   the same filesystem, or ``<dest>/.ds4-staging`` when `dest` is itself a mount point) with huggingface_hub.
+5. Hash every staged file against the manifest (in parallel). A file that differs is deleted from staging and
+   named in the error with the expected and actual digest; nothing is placed.
+6. Only when every file matched: ``os.replace`` each into `dest` (atomic on one filesystem), record them in the
+   verification sidecar, remove the staging directory.
+
+Failure states: the model directory only ever gains complete, verified files. An interrupted download (network)
+keeps the staging directory so the next run resumes (Range requests). A full disk (ENOSPC) removes the staging
+directory: keeping gigabytes of partial files on a full filesystem would break other services on that disk, and
+the message says how much room is needed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ds4deploy.errors import UserError
+from ds4deploy.recipe import Recipe
+
+GB = 10**9  # decimal gigabyte: what disk vendors, `df -H` and the hub's sizes use
+GIB = 2**30  # binary gibibyte: what `df -h` prints
+
+
+@dataclass
+class FetchResult:
+    """What a fetch did.
+
+    Attributes:
+        dest: the model directory.
+        commit: the full commit fetched.
+        fetched: files downloaded, verified and placed now.
+        present: files that were already in `dest` and verified.
+    """
+
+    dest: Path
+    commit: str
+    fetched: list[str] = field(default_factory=list)
+    present: list[str] = field(default_factory=list)
+
+
+def staging_dir(dest: Path) -> Path:
+    """Where downloads land before they are verified: a hidden sibling of `dest` (same filesystem, so the final
+    move is an atomic rename), or a hidden directory inside `dest` when `dest` is a mount point (its parent is
+    then another filesystem)."""
+    dest = Path(os.path.abspath(dest))
+    if dest.is_dir() and os.path.ismount(dest):
+        return dest / ".ds4-staging"
+    return dest.parent / f".{dest.name}.ds4-staging"
+
+
+def gb_gib(n: int) -> str:
+    """A byte count in both units, e.g. ``"5.38 GB (5.01 GiB)"`` (GB = 10**9 bytes, GiB = 2**30 bytes)."""
+    return f"{n / GB:.2f} GB ({n / GIB:.2f} GiB)"
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for root, _dirs, names in os.walk(path):
+        for n in names:
+            try:
+                total += os.lstat(os.path.join(root, n)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists():
+        path = path.parent
+    return path
+
+
+def check_free_space(where: Path, needed: int, what: str) -> None:
+    """Refuse to start when the filesystem holding `where` has fewer than `needed` bytes free.
+
+    Raises:
+        UserError: naming both numbers in GB and GiB, and the filesystem's path.
+    """
+    probe = _existing(where)
+    free = shutil.disk_usage(probe).free
+    if free < needed:
+        raise UserError(
+            f"{what} needs {gb_gib(needed)} but the filesystem holding {probe} has {gb_gib(free)} free",
+            f"free at least {gb_gib(needed - free)} there, or set model.path to a directory on a larger disk",
+        )
+
+
+def pinned_commit(recipe: Recipe, manifest: dict) -> str:
+    """The full commit to download: the manifest's ``revision``, which must be 40 hex and start with the
+    recipe's pin.
+
+    Raises:
+        UserError: the manifest is not for a hub model, records no full commit, or was built for another pin.
+    """
+    from ds4deploy.manifest import FULL_COMMIT, manifest_path
+
+    m = recipe.model
+    rev = str(manifest.get("revision") or "")
+    where = manifest_path(recipe).name
+    if manifest.get("source") != "hub" or manifest.get("repo_id") != m.repo_id:
+        raise UserError(f"{where} is not a manifest of {m.repo_id} (source {manifest.get('source')!r}, repo "
+                        f"{manifest.get('repo_id')!r})",
+                        f"rebuild it with `ds4deploy model manifest {recipe.name} --write`")
+    if not FULL_COMMIT.match(rev):
+        raise UserError(f"{where} does not pin a full 40-hex commit (revision {rev!r})",
+                        f"rebuild it with `ds4deploy model manifest {recipe.name} --write`; it records the full "
+                        "commit the hub resolves the recipe's pin to")
+    if not rev.startswith(m.revision or ""):
+        raise UserError(f"recipe '{recipe.name}' pins {m.repo_id}@{m.revision} but {where} was built for commit "
+                        f"{rev}", f"rebuild the manifest (`ds4deploy model manifest {recipe.name} --write`) or "
+                        "restore the recipe's model.revision")
+    return rev
+
+
+def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, workers: int = 8,
+                progress: bool | None = None) -> FetchResult:
+    """Download the recipe's pinned hub revision into `dest`, placing only files that match `manifest`.
+
+    Args:
+        recipe: a recipe with ``model.source: hub``.
+        dest: the model directory (created when the first verified file is placed).
+        manifest: the committed manifest (default: `ds4deploy.manifest.load_manifest`, read after the hub has
+            resolved the pin, so an unknown revision or an unreachable hub is reported first).
+        workers: files downloaded in parallel (huggingface_hub's default, 8).
+        progress: show progress bars (default: when stderr is a terminal).
+    Returns:
+        A `FetchResult`.
+    Raises:
+        UserError: unpinned or mismatched revision (code 2), no room (code 2), hub errors (code 2), files that
+            differ from the manifest after download (code 1, each named with expected and actual digest).
+    """
+    import sys
+
+    from ds4deploy import hub, verify
+    from ds4deploy.manifest import check_manifest, load_manifest, manifest_path
+
+    if progress is None:
+        progress = sys.stderr.isatty()
+    resolved = hub.resolve_revision(recipe)
+    if manifest is None:
+        manifest = load_manifest(recipe)
+    check_manifest(manifest, manifest_path(recipe).name)
+    commit = pinned_commit(recipe, manifest)
+    if resolved != commit:
+        raise UserError(
+            f"the hub resolves {recipe.model.repo_id}@{recipe.model.revision} to commit {resolved}, but "
+            f"{manifest_path(recipe).name} was built for {commit}",
+            "pin the full 40-hex commit the manifest records in model.revision, or rebuild the manifest "
+            f"(`ds4deploy model manifest {recipe.name} --write`) after checking the new commit")
+    dest = Path(os.path.abspath(dest))
+    files = manifest["files"]
+    result = FetchResult(dest=dest, commit=commit)
+    if dest.is_dir():
+        with verify.byte_progress(f"checking {dest.name}", progress) as (on_total, on_bytes):
+            report = verify.verify_model(dest, manifest, on_total=on_total, on_bytes=on_bytes)
+        result.present = [r.name for r in report.results if r.ok]
+    need = sorted(n for n in files if n not in result.present)
+    if not need:
+        return result
+    staging = staging_dir(dest)
+    already = _du(staging) if staging.is_dir() else 0
+    to_download = max(0, sum(files[n]["size"] for n in need) - already)
+    check_free_space(staging, to_download, f"downloading {len(need)} file(s) of {recipe.model.repo_id}@{commit[:12]}")
+    try:
+        hub.download(recipe, commit, need, staging, workers=workers, progress=progress)
+    except OSError as exc:
+        if not hub.is_enospc(exc):
+            raise
+        free = shutil.disk_usage(_existing(staging)).free
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(
+            f"the disk filled up while downloading into {staging} (no space left on device): the download needs "
+            f"{gb_gib(to_download)}, {gb_gib(free)} was free when it failed; the partial files were removed and "
+            f"{dest} was not changed",
+            "free space on that filesystem (or set model.path to a larger disk) and run the fetch again") from None
+    absent = [n for n in need if not (staging / n).is_file()]
+    if absent:
+        raise UserError(f"{len(absent)} file(s) listed in {manifest_path(recipe).name} are not in "
+                        f"{recipe.model.repo_id}@{commit}: {', '.join(absent[:5])}",
+                        "rebuild the manifest from the hub (`ds4deploy model manifest ... --write`) or pin a revision "
+                        "that has them")
+    staged_manifest = {**manifest, "files": {n: files[n] for n in need}}
+    with verify.byte_progress("verifying download", progress) as (on_total, on_bytes):
+        report = verify.verify_model(staging, staged_manifest, use_sidecar=False, on_total=on_total,
+                                     on_bytes=on_bytes)
+    bad = [r for r in report.results if not r.ok]
+    if bad:
+        for r in bad:
+            _discard_staged(staging, r.name)
+        lines = []
+        for r in bad:
+            if r.status == "size":
+                lines.append(f"{r.name}: {r.size} bytes downloaded, manifest says {r.expected_size}")
+            elif r.status == "mismatch":
+                lines.append(f"{r.name}: {r.kind} expected {r.expected}, got {r.actual}")
+            else:
+                lines.append(f"{r.name}: {r.status} {r.detail}".strip())
+        raise UserError(
+            f"{len(bad)} downloaded file(s) of {recipe.model.repo_id}@{commit[:12]} do not match "
+            f"{manifest_path(recipe).name}; they were deleted and not placed in {dest}:\n  " + "\n  ".join(lines),
+            "run the fetch again (a corrupted transfer is downloaded afresh); if the hub keeps serving these bytes, "
+            "rebuild the manifest and review the change",
+            code=1)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in need:
+        target = dest / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staging / name, target)
+        result.fetched.append(name)
+    verify.record(dest, {n: verify.expected_digest(files[n]) for n in need})
+    shutil.rmtree(staging, ignore_errors=True)
+    return result
+
+
+def _discard_staged(staging: Path, name: str) -> None:
+    """Delete a staged file. huggingface_hub only reuses a local file that exists, so the next run downloads it
+    afresh (its stale ``.metadata`` record alone does not make it skip the download)."""
+    (staging / name).unlink(missing_ok=True)
