@@ -5,6 +5,8 @@
 #   make render               re-render compose/ from recipes/
 #   make base-image           Debian bookworm base via debootstrap (no registry needed)
 #   make bench-stack [COLD=1] packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
+#   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
+#   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -17,19 +19,25 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 ANSIBLE_ENV := ANSIBLE_CONFIG=ansible/ansible.cfg ANSIBLE_FORCE_COLOR=$(if $(CI),0,1)
 STACK_DIR := /opt/ds4deploy/stacks/$(RECIPE)
+# Air-gapped: OFFLINE=<bundle dir> makes the venv from the bundle's wheelhouse (pip --no-index) and deploys from it.
+OFFLINE ?=
+BUNDLE ?= dist/ds4deploy-$(RECIPE)-bundle
+PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/wheelhouse)
+comma := ,
+VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack clean
+.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bundle clean
 
 help:
-	@sed -n '1,10p' Makefile | sed 's/^# \{0,1\}//'
+	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
 
 # The control-host toolchain: ds4deploy itself, Ansible with community.docker, linters, testinfra.
 $(BIN)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; fix: install Python 3.11+"; exit 2; }
 	@$(PYTHON) -c 'import venv, ensurepip' 2>/dev/null || { apt-get update -qq && apt-get install -y -qq python3-venv; }
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[deploy,dev]'
+	$(BIN)/pip install --quiet $(PIP_SOURCE) --upgrade pip
+	$(BIN)/pip install --quiet $(PIP_SOURCE) -e '.[$(VENV_EXTRAS)]'
 	@touch $@
 
 venv: $(BIN)/.installed
@@ -40,7 +48,9 @@ deploy: venv
 	@$(BIN)/ds4deploy recipe validate $(RECIPE) >/dev/null && $(BIN)/ds4deploy render --check $(RECIPE) >/dev/null
 	@out=$$($(BIN)/ds4deploy preflight $(RECIPE) $(if $(filter-out ansible/inventories/local.yml,$(INVENTORY)),--inventory $(INVENTORY))) \
 	  || { echo "$$out"; exit 1; }
-	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE)
+	$(if $(OFFLINE),@$(BIN)/ds4deploy bundle verify $(OFFLINE) $(RECIPE) >/dev/null && echo "bundle verified: $(OFFLINE)")
+	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE) \
+	  $(if $(OFFLINE),-e ds4_offline_bundle=$(abspath $(OFFLINE)))
 	@$(BIN)/ds4deploy summary $(RECIPE)
 
 down: venv
@@ -75,19 +85,24 @@ $(ENGINE_VENV)/.pins: recipes/cpu.yaml | venv
 unit: venv $(ENGINE_VENV)/.pins
 	$(BIN)/pytest -q tests/unit
 
-# Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down.
+# Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then
+# (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline).
 e2e: venv
 	$(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; \
 	DS4_RECIPE=$(RECIPE) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
 	[ $$status -ne 0 ] || $(BIN)/pytest -q tests/e2e || status=$$?; \
 	$(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || $(BIN)/pytest -q tests/offline || status=$$?; \
 	exit $$status
 
 test: lint unit e2e
 
 base-image:
 	images/base/build-base.sh
+
+bundle: venv
+	$(BIN)/ds4deploy bundle create $(RECIPE) --dest $(BUNDLE)
 
 bench-stack: venv
 	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE) $(if $(COLD),--cold)

@@ -253,11 +253,57 @@ def cmd_engine_venv(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bundle_create(ns: argparse.Namespace) -> int:
+    """Write an air-gapped bundle for a recipe (see ds4deploy.bundle); prints its bundle.json summary."""
+    from ds4deploy.bundle import create
+    from ds4deploy.recipe import load_recipe
+
+    meta = create(load_recipe(ns.recipe), Path(ns.dest))
+    size = sum(f["size"] for f in meta["files"].values())
+    print(f"bundle {ns.dest}: recipe {meta['recipe']}, {len(meta['images'])} image(s), {meta['model']['files']} model "
+          f"files, {meta['wheels']} wheels, {size / 1024**3:.2f} GiB; deploy it with "
+          f"`make deploy RECIPE={meta['recipe']} OFFLINE={ns.dest}`")
+    return 0
+
+
+def cmd_bundle_verify(ns: argparse.Namespace) -> int:
+    """Check a bundle against this checkout's recipe and its own file hashes; exit 1 naming damaged files."""
+    from ds4deploy.bundle import verify
+    from ds4deploy.recipe import load_recipe
+
+    meta = verify(Path(ns.bundle), load_recipe(ns.recipe))
+    print(json.dumps({"verified": len(meta["files"]), "images": meta["images"], "collections": meta["collections"]}))
+    return 0
+
+
+def cmd_bundle_stage_model(ns: argparse.Namespace) -> int:
+    """Stage the model from a bundle (the offline `model stage`); prints {"changed", "dest", "sha256"}."""
+    from ds4deploy.bundle import stage_model
+    from ds4deploy.recipe import load_recipe
+
+    print(json.dumps(stage_model(Path(ns.bundle), load_recipe(ns.recipe), Path(ns.dest))))
+    return 0
+
+
 def cmd_bench_stack(ns: argparse.Namespace) -> int:
     """Measure the packaging cost of a deployed stack (see ds4deploy.bench.stack)."""
     from ds4deploy.bench.stack import run_bench_stack
 
     return run_bench_stack(ns)
+
+
+def cmd_bench_run(ns: argparse.Namespace) -> int:
+    """Run a benchmark profile against a server (see ds4deploy.bench.run); exit 1 when a cell is invalid."""
+    from ds4deploy.bench.run import run_bench
+
+    return run_bench(ns)
+
+
+def cmd_bench_profiles(ns: argparse.Namespace) -> int:
+    """List the bundled benchmark profiles."""
+    from ds4deploy.bench.run import list_profiles
+
+    return list_profiles(ns)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -328,6 +374,21 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--recipe", default="cpu")
     ev.set_defaults(func=cmd_engine_venv)
 
+    bp = sub.add_parser("bundle", help="air-gapped bundles").add_subparsers(dest="sub", required=True)
+    bc = bp.add_parser("create", help="write images, model, wheelhouse and recipe for an offline deploy")
+    bc.add_argument("recipe")
+    bc.add_argument("--dest", required=True, help="bundle directory to create (must not exist)")
+    bc.set_defaults(func=cmd_bundle_create)
+    bv = bp.add_parser("verify", help="check a bundle against this checkout and its recorded hashes")
+    bv.add_argument("bundle")
+    bv.add_argument("recipe")
+    bv.set_defaults(func=cmd_bundle_verify)
+    bs = bp.add_parser("stage-model", help="stage the model from a bundle and verify it (offline `model stage`)")
+    bs.add_argument("bundle")
+    bs.add_argument("recipe")
+    bs.add_argument("--dest", required=True)
+    bs.set_defaults(func=cmd_bundle_stage_model)
+
     b = sub.add_parser("bench-stack", help="deployed stack vs the same engine started bare (packaging cost)")
     b.add_argument("--recipe", default="cpu")
     b.add_argument("--repeats", type=int, default=5)
@@ -336,6 +397,23 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default="docs/benchmarks.md")
     b.add_argument("--cold", action="store_true", help="also time a cold deploy (removes the engine and base images)")
     b.set_defaults(func=cmd_bench_stack)
+
+    bn = sub.add_parser("bench", help="benchmark harness (profiles -> tables, plots, expected comparison)")
+    bns = bn.add_subparsers(dest="sub", required=True)
+    br = bns.add_parser("run", help="run a profile against a running server")
+    br.add_argument("recipe")
+    br.add_argument("--profile", required=True, help="bundled profile name (`ds4deploy bench profiles`) or YAML path")
+    br.add_argument("--url", help="server base URL (default: the recipe's serving address and port)")
+    br.add_argument("--key-file", help="API key file, VLLM_API_KEY=<key> (default: the recipe's key file)")
+    br.add_argument("--model", help="served model name (default: the recipe's)")
+    br.add_argument("--out", help="output directory (default: docs/bench/<recipe>)")
+    br.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for a response chunk")
+    br.add_argument("--no-plots", action="store_true", help="skip the PNG and HTML plots")
+    br.add_argument("--no-salt", action="store_true", help="send unsalted prompts (only to show the cache guard)")
+    br.add_argument("--quiet", action="store_true", help="no progress bar")
+    br.set_defaults(func=cmd_bench_run)
+    bl = bns.add_parser("profiles", help="list the bundled benchmark profiles")
+    bl.set_defaults(func=cmd_bench_profiles)
     return p
 
 
