@@ -1,0 +1,85 @@
+"""ib_write_bw parser on real perftest captures (DGX Spark, DGX/OpenShift, k8s); see fixtures/parsers/SOURCES.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4deploy.errors import UserError
+from ds4deploy.parsers.ib_write_bw import parse_ib_write_bw
+from tests.unit.parsers._fixtures import fixture_text
+
+
+def test_gb10_run_infinitely_rows_and_unknown_peak():
+    result = parse_ib_write_bw(fixture_text("ib_write_bw-dgx-spark-playbooks-run-infinitely.txt"))
+    assert result.test == "RDMA_Write BW Test"
+    assert (result.device, result.transport, result.link_type) == ("rocep1s0f0", "IB", "Ethernet")
+    assert (result.gid_index, result.mtu_bytes, result.num_qps) == (3, 1024, 1)
+    assert result.reported_unit == "Gb/sec"
+    assert [row.iterations for row in result.rows] == [882805, 882802, 882791, 882791, 882821]
+    assert [row.bw_avg_gbit_s for row in result.rows] == [92.57, 92.57, 92.57, 92.56, 92.57]
+    assert all(row.bw_peak_gbit_s is None for row in result.rows)  # printed 0.00 = not measured
+    assert result.peak_measured is False
+    assert result.bw_avg_gbit_s == 92.57
+    assert result.rows[-1].msg_rate_mpps == 0.176555
+    assert result.warnings == ("WARNING: BW peak won't be measured in this run.",)
+
+
+def test_duration_run_with_warnings_before_banner_and_tabs_in_row():
+    result = parse_ib_write_bw(fixture_text("ib_write_bw-nvidia-tools-image-cuda-D60.txt"))
+    assert (result.device, result.num_qps, result.gid_index, result.mtu_bytes) == ("mlx5_1", 16, 3, 1024)
+    assert len(result.rows) == 1
+    row = result.rows[0]
+    assert (row.size_bytes, row.iterations, row.bw_peak_gbit_s, row.bw_avg_gbit_s, row.msg_rate_mpps) == (
+        65536, 10384867, None, 181.46, 0.3461,
+    )
+    assert "Requested mtu is higher than active mtu" in result.warnings
+    assert "Changing to active mtu - 3" in result.warnings
+
+
+def test_conflicting_cpu_frequency_between_header_and_row():
+    result = parse_ib_write_bw(fixture_text("ib_write_bw-deepops-conflicting-cpu.txt"))
+    assert (result.device, result.gid_index, result.mtu_bytes) == ("mlx5_0", 3, 4096)
+    assert result.bw_peak_gbit_s == 92.42
+    assert result.bw_avg_gbit_s == 92.40
+    assert result.peak_measured is True
+    assert result.warnings == (
+        "Conflicting CPU frequency values detected: 1200.535000 != 1251.336000. CPU Frequency is not max.",
+    )
+
+
+def test_gb10_rdma_cm_run_has_no_gid_index():
+    result = parse_ib_write_bw(fixture_text("ib_write_bw-spark-vllm-docker-rdma-cm.txt"))
+    assert (result.device, result.link_type, result.num_qps, result.gid_index) == ("rocep1s0f1", "IB", 4, None)
+    assert (result.bw_peak_gbit_s, result.bw_avg_gbit_s) == (111.72, 111.71)
+    assert result.warnings == ()
+
+
+def test_mb_per_sec_output_is_converted_from_mib_per_second():
+    result = parse_ib_write_bw(fixture_text("ib_write_bw-koordinator-mbsec.txt"))
+    assert result.reported_unit == "MB/sec"
+    # perftest MB/sec = 2^20 bytes/s (format_factor 0x100000): 2758.38 MiB/s * 8 * 2^20 / 1e9 Gb/s
+    assert result.bw_avg_gbit_s == pytest.approx(23.13897, abs=1e-5)
+    assert result.bw_peak_gbit_s == pytest.approx(2758.40 * 8 * 1048576 / 1e9)
+    assert result.bw_avg_gbit_s < 25  # not to be mistaken for 2758 "Gb/s"
+
+
+def test_truncated_run_names_the_cut_line():
+    with pytest.raises(UserError, match=r"line 26 is incomplete \('65536      664644'\)"):
+        parse_ib_write_bw(fixture_text("ib_write_bw-perftest-234-truncated.txt"))
+
+
+def test_banner_without_result_table_is_refused():
+    text = fixture_text("ib_write_bw-deepops-conflicting-cpu.txt").split(" #bytes")[0]
+    with pytest.raises(UserError, match="stops before its result table"):
+        parse_ib_write_bw(text)
+
+
+def test_header_without_any_row_is_refused():
+    text = fixture_text("ib_write_bw-spark-vllm-docker-rdma-cm.txt").split(" 65536")[0]
+    with pytest.raises(UserError, match="no result row"):
+        parse_ib_write_bw(text)
+
+
+def test_other_tools_output_is_refused():
+    with pytest.raises(UserError, match="expected ib_write_bw output"):
+        parse_ib_write_bw(fixture_text("nccl_tests-coreweave-43-gb200.txt"))

@@ -1,0 +1,80 @@
+"""nccl-tests table parser on real runs (H200, GB200, P40 k8s, A100 sendrecv, GB10 truncated); SOURCES.md."""
+
+from __future__ import annotations
+
+import pytest
+
+from ds4deploy.errors import UserError
+from ds4deploy.parsers.nccl_tests import NcclRow, parse_nccl_tests
+from tests.unit.parsers._fixtures import fixture_text
+
+
+def test_two_node_h200_all_reduce():
+    result = parse_nccl_tests(fixture_text("nccl_tests-nvidia-tools-image-h200.txt"))
+    assert len(result.rows) == 32
+    assert result.avg_busbw_gbyte_s == 36.2205
+    assert (result.out_of_bounds, result.out_of_bounds_ok) == (0, True)
+    assert result.nccl_version == "2.27.3+cuda12.9"
+    assert len(result.ranks) == 16
+    assert (result.ranks[15].rank, result.ranks[15].host, result.ranks[15].device, result.ranks[15].gpu_name) == (
+        15, "nvidiatools-dgx-9d-workload", 7, "NVIDIA H200",
+    )
+    assert result.rows[0] == NcclRow(8, 2, "float", "sum", -1, 59.24, 0.0, 0.0, 0, 32.26, 0.0, 0.0, 0)
+    last = result.rows[-1]
+    assert (last.size_bytes, last.oop_busbw_gbyte_s, last.ip_busbw_gbyte_s) == (17179869184, 92.33, 92.35)
+    assert result.max_busbw_gbyte_s == 92.35
+
+
+def test_gb200_table_quoted_from_last_rank_line():
+    result = parse_nccl_tests(fixture_text("nccl_tests-coreweave-43-gb200.txt"))
+    assert [row.size_bytes for row in result.rows] == [536870912, 1073741824, 2147483648, 4294967296, 8589934592]
+    assert result.avg_busbw_gbyte_s == 745.53
+    assert result.rows[3].oop_time_us == 10094.0
+
+
+def test_nccl_info_lines_inside_and_after_the_table():
+    result = parse_nccl_tests(fixture_text("nccl_tests-koordinator-p40-interleaved.txt"))
+    assert len(result.rows) == 11
+    assert result.rows[-1].oop_busbw_gbyte_s == 2.84
+    assert result.avg_busbw_gbyte_s == 2.61937
+    assert result.nccl_version == "2.21.5+cuda12.4"
+    assert result.ranks == ()
+
+
+def test_wrong_column_na():
+    result = parse_nccl_tests(fixture_text("nccl_tests-li-plus-sendrecv-na.txt"), require_avg=False)
+    assert [(row.oop_wrong, row.ip_wrong) for row in result.rows] == [(0, None)] * 4
+    assert result.rows[-1].ip_busbw_gbyte_s == 195.56
+    assert result.avg_busbw_gbyte_s is None
+
+
+def test_missing_avg_line_is_refused_by_default():
+    with pytest.raises(UserError, match=r"ends after 4 rows without the '# Avg bus bandwidth' line"):
+        parse_nccl_tests(fixture_text("nccl_tests-li-plus-sendrecv-na.txt"))
+
+
+def test_gb10_run_cut_mid_row():
+    with pytest.raises(UserError, match=r"row at line 16 is incomplete \('131072'\)"):
+        parse_nccl_tests(fixture_text("nccl_tests-dgx-spark-playbooks-103-gb10-truncated.txt"))
+
+
+def test_gb10_header_parsed_before_the_cut():
+    text = fixture_text("nccl_tests-dgx-spark-playbooks-103-gb10-truncated.txt").rsplit("\n", 2)[0] + "\n"
+    result = parse_nccl_tests(text, require_avg=False)
+    assert result.nccl_tests_version == "2.20.0"
+    assert [rank.host for rank in result.ranks] == ["spark-d708", "spark-dbf4"]
+    assert {rank.gpu_name for rank in result.ranks} == {"NVIDIA GB10"}
+    assert result.rows[-1].oop_busbw_gbyte_s == 0.96
+
+
+def test_legacy_layout_is_refused():
+    with pytest.raises(UserError, match=r"1\.x layout"):
+        parse_nccl_tests(fixture_text("nccl_tests-deepops-legacy-format.txt"))
+
+
+def test_other_tool_and_header_only_are_refused():
+    with pytest.raises(UserError, match="expected nccl-tests output"):
+        parse_nccl_tests(fixture_text("ib_write_bw-deepops-conflicting-cpu.txt"))
+    header_only = fixture_text("nccl_tests-coreweave-43-gb200.txt").split("   536870912")[0]
+    with pytest.raises(UserError, match="no result row"):
+        parse_nccl_tests(header_only)
