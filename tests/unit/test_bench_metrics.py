@@ -1,0 +1,52 @@
+"""/metrics parsing and counter diffs, on real vLLM 0.32 CPU output (tests/unit/fixtures/bench/README.md)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ds4deploy.bench.metrics import Counters, diff, parse_metrics
+from ds4deploy.errors import UserError
+
+FIX = Path(__file__).parent / "fixtures" / "bench"
+
+
+def test_idle_server_counters_are_zero_and_spec_decode_absent():
+    c = parse_metrics((FIX / "vllm-0.32-cpu-metrics-idle.txt").read_text())
+    assert c.prefix_cache_queries == 0 and c.prefix_cache_hits == 0
+    assert c.requests_finished == 0  # request_success_total summed over its finished_reason labels
+    assert c.requests_running == 0 and c.requests_waiting == 0
+    assert c.spec_num_drafts is None and c.spec_num_accepted_tokens is None  # no speculative decoding configured
+
+
+def test_two_identical_prompts_show_the_second_served_by_the_cache():
+    before = parse_metrics((FIX / "vllm-0.32-cpu-metrics-idle.txt").read_text())
+    after = parse_metrics((FIX / "vllm-0.32-cpu-metrics-after-repeat.txt").read_text())
+    d = diff(before, after)
+    # Two 1,030-token prompts; the second hit 8 full 128-token blocks of the first.
+    assert d.prefix_cache_queries == 2060 and d.prefix_cache_hits == 1024
+    assert d.prefix_cache_hit_rate == pytest.approx(1024 / 2060)
+    assert d.requests_finished == 2
+    assert d.spec_accepted_per_draft is None and d.spec_tokens_per_round is None
+
+
+def test_spec_decode_counters_give_acceptance():
+    before = parse_metrics((FIX / "vllm-0.32-cpu-ngram-metrics-before.txt").read_text())
+    after = parse_metrics((FIX / "vllm-0.32-cpu-ngram-metrics-after.txt").read_text())
+    d = diff(before, after)
+    assert d.spec_num_drafts and d.spec_num_drafts > 0
+    assert d.spec_accepted_per_draft == pytest.approx(d.spec_num_accepted_tokens / d.spec_num_drafts)
+    assert d.spec_tokens_per_round == pytest.approx(1 + d.spec_accepted_per_draft)
+    assert 0 <= d.spec_acceptance_rate <= 1
+    assert d.as_dict()["spec_tokens_per_round"] == d.spec_tokens_per_round
+
+
+def test_missing_counter_on_either_side_gives_none():
+    d = diff(Counters(prefix_cache_hits=5.0), Counters())
+    assert d.prefix_cache_hits is None and d.prefix_cache_hit_rate is None
+
+
+def test_html_instead_of_metrics_is_a_clear_error():
+    with pytest.raises(UserError, match="not Prometheus text"):
+        parse_metrics("<html><body>Not Found</body></html>\n")

@@ -1,0 +1,74 @@
+"""Per-request timing from a real vLLM 0.32 SSE stream (fixtures/bench/README.md), replayed with chosen arrival
+times so every timing rule is checked exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ds4deploy.bench.stream import RequestResult, StreamParser, error_text
+
+FIX = Path(__file__).parent / "fixtures" / "bench"
+
+
+def replay(name: str, max_tokens: int | None, drop=lambda line: False) -> RequestResult:
+    """Feed the captured stream's lines; the k-th data line arrives at 0.1 + 0.01*k s."""
+    p = StreamParser(RequestResult(index=0), max_tokens)
+    k = 0
+    for line in (FIX / name).read_text().splitlines():
+        if drop(line):
+            continue
+        if line.startswith("data:"):
+            k += 1
+        p.feed(line, 0.1 + 0.01 * k)
+    return p.finish(0.1 + 0.01 * (k + 1))
+
+
+def test_role_only_frame_is_not_the_first_token():
+    r = replay("vllm-0.32-cpu-chat-stream.sse", 12)
+    assert r.ok, r.error
+    # Line 1 is the role-only frame (content ""), line 2 the first token.
+    assert r.ttft_s == pytest.approx(0.12)
+    assert r.prompt_tokens == 1030 and r.completion_tokens == 12
+    assert r.finish_reason == "length"
+    assert r.token_chunks == 12
+    # Last token chunk is data line 13 (the finish chunk also carries a token); usage (14) and [DONE] are not tokens.
+    assert r.last_token_s == pytest.approx(0.23)
+    assert r.e2e_s == pytest.approx(0.23)
+    assert r.decode_tok_s == pytest.approx(11 / 0.11)
+    assert r.prefill_tok_s == pytest.approx(1030 / 0.12)
+
+
+def test_reasoning_tokens_count_for_ttft():
+    r = replay("vllm-0.32-cpu-reasoning-stream.sse", 16)
+    assert r.ok, r.error
+    assert r.reasoning_chars > 0 and r.content_chars == 0
+    assert r.ttft_s == pytest.approx(0.12)
+    # ngram drafts packed 16 tokens into fewer chunks: decode counts usage tokens, not chunks.
+    assert r.completion_tokens == 16 and r.token_chunks < 16
+    assert r.decode_tok_s == pytest.approx(15 / (r.last_token_s - r.ttft_s))
+
+
+def test_completion_longer_than_max_tokens_fails():
+    r = replay("vllm-0.32-cpu-chat-stream.sse", 8)
+    assert not r.ok and "ignored max_tokens" in r.error
+
+
+def test_stream_without_usage_fails():
+    r = replay("vllm-0.32-cpu-chat-stream.sse", 12, drop=lambda line: '"usage"' in line)
+    assert not r.ok and "no usage" in r.error
+
+
+def test_stream_of_only_the_role_frame_fails():
+    r = replay("vllm-0.32-cpu-chat-stream.sse", 12, drop=lambda line: '"content":"\\n"' in line)
+    assert not r.ok and "no reasoning or content token" in r.error
+    assert r.decode_tok_s is None
+
+
+def test_error_body_message_is_extracted():
+    body = (FIX / "vllm-0.32-cpu-max-tokens-rejected.json").read_bytes()
+    msg = error_text(body, 400)
+    assert msg.startswith("HTTP 400: ")
+    assert "max_tokens=4096 cannot be greater than max_model_len=2048" in msg
+    assert error_text(b"<html>bad gateway</html>", 502) == "HTTP 502: <html>bad gateway</html>"
