@@ -18,9 +18,10 @@ Flow of `fetch_model(recipe, dest, manifest)`:
    verification sidecar, remove the staging directory.
 
 Failure states: the model directory only ever gains complete, verified files. An interrupted download (network)
-keeps the staging directory so the next run resumes (Range requests). A full disk (ENOSPC) removes the staging
-directory: keeping gigabytes of partial files on a full filesystem would break other services on that disk, and
-the message says how much room is needed.
+keeps the staging directory: the next run downloads only the files not yet complete there (within a run, a cut
+connection is resumed with a Range request; see `ds4deploy.hub` for what huggingface_hub can and cannot resume).
+A full disk (ENOSPC) removes the staging directory: keeping gigabytes of partial files on a full filesystem would
+break other services on that disk, and the message says how much room is needed.
 """
 
 from __future__ import annotations

@@ -3,9 +3,15 @@
 `hub_manifest` lists every file of the pinned revision with its size, the sha256 the hub records for large (LFS)
 files and the git blob sha1 for small ones, and records the full 40-hex commit the hub resolved the pin to.
 `resolve_revision` asks the hub which commit the recipe's pin names now; `download` fetches named files of one
-full commit into a directory with huggingface_hub (parallel, resumable: it keeps ``.incomplete`` files under
-``<dir>/.cache/huggingface/download/`` and continues them with an HTTP Range request). Placing verified files into
-the model directory is `ds4deploy.fetch`'s job. $HF_ENDPOINT points at a mirror; $HF_TOKEN authenticates.
+full commit into a directory with huggingface_hub. Placing verified files into the model directory is
+`ds4deploy.fetch`'s job. $HF_ENDPOINT points at a mirror; $HF_TOKEN authenticates.
+
+Resuming, as huggingface_hub (2.4 here) does it: within one run, a dropped connection is retried with an HTTP
+Range request from the last 10 MiB piece written (``http_get``: up to 5 retries without new data,
+``constants.DOWNLOAD_CHUNK_SIZE``). Across runs, complete files already in the directory whose recorded commit
+matches are not downloaded again, but a partial file is not continued: since huggingface_hub 1.18 each attempt
+writes a process-unique ``<etag>.<nonce>.incomplete`` and deletes it on failure (huggingface/huggingface_hub PRs
+#4228 and #4306, open issue #4196 "No resuming of downloads"; unsloth PR #8350 bisected the change to 1.18.0).
 
 Pins: recipes may pin a 7-40 hex prefix (the hub resolves commit prefixes server-side, huggingface_hub issue
 #197, fixed on the hub in 2023); the manifest always records the full commit, and fetch downloads that commit
@@ -148,9 +154,9 @@ def download(recipe: Recipe, commit: str, names: list[str], into: Path, workers:
              progress: bool = True) -> None:
     """Download `names` of `recipe.model.repo_id` at full commit `commit` into `into` (created if needed).
 
-    Resumable: partial files stay under ``<into>/.cache/huggingface/download/`` and the next call continues them
-    with a Range request; complete files whose recorded commit matches are not downloaded again. `workers` files
-    are fetched in parallel (huggingface_hub's default is 8). The progress bar is huggingface_hub's (tqdm, stderr).
+    Resumable as the module docstring says: a cut connection is continued with a Range request within the run;
+    complete files already in `into` are not downloaded again by a later run. `workers` files are fetched in
+    parallel (huggingface_hub's default is 8). The progress bar is huggingface_hub's (tqdm, stderr).
 
     Raises:
         OSError: with errno ENOSPC when the disk fills (the caller cleans up and explains).

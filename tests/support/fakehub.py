@@ -7,13 +7,19 @@ Endpoints (as the hub serves them):
   HEAD /<ns>/<name>/resolve/<rev>/<file>        X-Repo-Commit, ETag, Content-Length
   GET  /<ns>/<name>/resolve/<rev>/<file>        the bytes (Range supported, for resumed downloads)
 Unknown repositories answer 404 with X-Error-Code RepoNotFound, unknown revisions RevisionNotFound, missing files
-EntryNotFound: the codes huggingface_hub maps to its exceptions.
+EntryNotFound: the codes huggingface_hub maps to its exceptions. A revision may be a prefix (>= 7 hex) of the
+commit, as on the hub since 2023 (huggingface_hub issue #197), or "main".
+
+Fault injection: `missing` (listed but 404 on download), `served` (other bytes than the real ones, e.g. a
+corrupted byte or a padded file), `cuts` (the next N downloads of a file stop at a byte offset and the
+connection is closed: a cut connection). `requests` logs every file request with its Range header.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -27,6 +33,9 @@ class FakeHub:
         self.repo_id, self.sha, self.files = repo_id, sha, dict(files)
         self.missing: set[str] = set()  # listed in the metadata but 404 on download
         self.served: dict[str, bytes] = {}  # what download returns instead of the real bytes (corruption tests)
+        self.cuts: dict[str, list[int]] = {}  # name -> [offset, count]: the next `count` GETs stop at `offset`
+        self.requests: list[tuple[str, str, str | None]] = []  # (method, file name, Range header) per file request
+        self._lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
@@ -82,7 +91,7 @@ class FakeHub:
                 if repo != hub.repo_id:
                     self._error("RepoNotFound")
                     return False
-                if rev not in (hub.sha, "main"):
+                if rev != "main" and not (len(rev) >= 7 and hub.sha.startswith(rev)):
                     self._error("RevisionNotFound")
                     return False
                 return True
@@ -116,6 +125,8 @@ class FakeHub:
                     if body:
                         self.wfile.write(data)
                     return
+                with hub._lock:
+                    hub.requests.append((self.command, name, self.headers.get("Range")))
                 if name not in hub.files or name in hub.missing:
                     self._error("EntryNotFound")
                     return
@@ -128,6 +139,11 @@ class FakeHub:
                 if rng and rng.startswith("bytes="):
                     start = int(rng[6:].split("-")[0] or 0)
                 chunk = data[start:]
+                cut = None
+                with hub._lock:
+                    if body and hub.cuts.get(name, [0, 0])[1] > 0:
+                        hub.cuts[name][1] -= 1
+                        cut = hub.cuts[name][0]
                 self.send_response(206 if start else 200)
                 self.send_header("X-Repo-Commit", hub.sha)
                 self.send_header("ETag", f'"{etag}"')
@@ -135,6 +151,13 @@ class FakeHub:
                 if start:
                     self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
                 self.end_headers()
+                if cut is not None:
+                    # The headers promised len(chunk) bytes; send up to the cut offset, then drop the connection.
+                    self.wfile.write(data[start:max(start, cut)])
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
                 if body:
                     self.wfile.write(chunk)
 

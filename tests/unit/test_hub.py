@@ -106,3 +106,246 @@ def test_unreachable_hub(hub_recipe, tmp_path, model_files):
     assert p.returncode == 2
     assert "could not reach the model hub" in p.stderr
     assert "HF_ENDPOINT" in p.stderr
+
+
+# --- fetch: staging, hash before move, resume, failures (issue 7) -----------------------------------------------
+
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path, monkeypatch):
+    """Each test's verification sidecars live in its own cache directory."""
+    monkeypatch.setenv("DS4_CACHE_DIR", str(tmp_path / "ds4-cache"))
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """Mount a tmpfs of a given size (real ENOSPC); skipped where mounting is not allowed."""
+    import subprocess
+
+    mounted = []
+
+    def make(size: str):
+        d = tmp_path / f"fs{len(mounted)}"
+        d.mkdir()
+        p = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(d)], capture_output=True,
+                           text=True, check=False)
+        if p.returncode != 0:
+            pytest.skip(f"cannot mount a tmpfs here: {p.stderr.strip()}")
+        mounted.append(d)
+        return d
+
+    yield make
+    for d in mounted:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+@pytest.fixture(scope="module")
+def big_files(model_files):
+    """The tiny model plus a 32 MiB shard: huggingface_hub writes downloads in 10 MiB pieces
+    (constants.DOWNLOAD_CHUNK_SIZE), so only a file larger than that can be resumed part-way."""
+    import numpy as np
+
+    return {**model_files, "model-00002-of-00002.safetensors": np.random.default_rng(7).bytes(32 * MIB)}
+
+
+def _resume_offset(cut: int) -> int:
+    """Where huggingface_hub resumes after a cut at byte `cut`: the whole 10 MiB pieces it had written."""
+    from huggingface_hub.constants import DOWNLOAD_CHUNK_SIZE
+
+    return cut // DOWNLOAD_CHUNK_SIZE * DOWNLOAD_CHUNK_SIZE
+
+
+def _manifest(hub_recipe, hub, tmp_path) -> dict:
+    p = cli(hub_recipe, hub, tmp_path, "model", "manifest", "hubby", "--write")
+    assert p.returncode == 0, p.stderr
+    return json.loads((hub_recipe / "hubby.manifest.json").read_text())
+
+
+def _staging(dest):
+    return dest.parent / f".{dest.name}.ds4-staging"
+
+
+def _file_gets(hub, name):
+    return [rng for method, n, rng in hub.requests if method == "GET" and n == name]
+
+
+def test_fetch_places_verified_files_and_removes_staging(hub_recipe, tmp_path, model_files):
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert out["commit"] == SHA and sorted(out["fetched"]) == sorted(model_files) and out["present"] == 0
+        assert {f.name: f.read_bytes() for f in dest.iterdir()} == model_files
+        assert not _staging(dest).exists()
+        # A second fetch finds every file verified (from the sidecar) and downloads nothing.
+        gets = len(hub.requests)
+        again = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert again.returncode == 0, again.stderr
+        assert json.loads(again.stdout)["fetched"] == [] and json.loads(again.stdout)["present"] == len(model_files)
+        assert hub.requests[gets:] == []
+    v = run_cli("model", "verify", "hubby", "--dir", str(dest), "--json", env_dir=hub_recipe)
+    assert v.returncode == 0, v.stderr
+    assert set(json.loads(v.stdout)["files"].values()) == {"cached"}  # fetch recorded what it verified
+
+
+def test_fetch_replaces_only_the_damaged_file(hub_recipe, tmp_path, model_files):
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        assert cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest)).returncode == 0
+        with (dest / "tokenizer.json").open("r+b") as fh:
+            fh.truncate(100)
+        hub.requests.clear()
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        assert json.loads(p.stdout)["fetched"] == ["tokenizer.json"]
+        assert {n for _, n, _ in hub.requests} == {"tokenizer.json"}
+    assert (dest / "tokenizer.json").read_bytes() == model_files["tokenizer.json"]
+
+
+def test_cut_connection_resumes_with_a_range_request(hub_recipe, tmp_path, big_files):
+    dest = tmp_path / "model"
+    shard = "model-00002-of-00002.safetensors"
+    with FakeHub(REPO_ID, SHA, big_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        hub.cuts[shard] = [15 * MIB, 1]  # the connection drops once, 15 MiB into the 32 MiB shard
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        gets = _file_gets(hub, shard)
+    assert gets == [None, f"bytes={_resume_offset(15 * MIB)}-"], gets  # full request, then a resume
+    assert (dest / shard).read_bytes() == big_files[shard]
+
+
+def test_interrupted_fetch_keeps_complete_files_for_the_next_run(hub_recipe, tmp_path, big_files):
+    """Across runs huggingface_hub (>= 1.18) continues whole files, not partial ones (ds4deploy.hub docstring)."""
+    dest = tmp_path / "model"
+    shard = "model-00002-of-00002.safetensors"
+    with FakeHub(REPO_ID, SHA, big_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        # huggingface_hub retries 5 times in-process when no new byte arrives; 6 cuts make the first run give up.
+        hub.cuts[shard] = [15 * MIB, 6]
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 2, p.stderr
+        assert "could not reach the model hub" in p.stderr and "Traceback" not in p.stderr
+        assert len(_file_gets(hub, shard)) == 6
+        assert not dest.exists()  # nothing placed, not even the complete small files
+        assert (_staging(dest) / "config.json").is_file() and not (_staging(dest) / shard).exists()
+        hub.requests.clear()
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        assert _file_gets(hub, shard) == [None]  # the cut shard again, from its start
+        assert _file_gets(hub, "config.json") == []  # complete staged files are not downloaded again
+    assert (dest / shard).read_bytes() == big_files[shard]
+    assert not _staging(dest).exists()
+    v = run_cli("model", "verify", "hubby", "--dir", str(dest), "--full", "--json", env_dir=hub_recipe)
+    assert v.returncode == 0 and json.loads(v.stdout)["ok"] is True
+
+
+def test_corrupted_byte_is_named_with_both_hashes_and_never_placed(hub_recipe, tmp_path, model_files):
+    import hashlib
+
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        bad = bytearray(model_files["model.safetensors"])
+        bad[4 * MIB] ^= 0x01
+        hub.served["model.safetensors"] = bytes(bad)
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 1, p.stderr
+        want = hashlib.sha256(model_files["model.safetensors"]).hexdigest()
+        got = hashlib.sha256(bytes(bad)).hexdigest()
+        assert f"model.safetensors: sha256 expected {want}, got {got}" in p.stderr
+        assert not dest.exists()  # not even the files that were fine
+        assert not (_staging(dest) / "model.safetensors").exists()  # the bad copy is deleted
+        # Once the hub serves the right bytes, the next run downloads that file afresh and places everything.
+        del hub.served["model.safetensors"]
+        hub.requests.clear()
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        assert _file_gets(hub, "model.safetensors") == [None]
+    assert (dest / "model.safetensors").read_bytes() == model_files["model.safetensors"]
+
+
+def test_file_missing_upstream_places_nothing(hub_recipe, tmp_path, model_files):
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        hub.missing.add("tokenizer.json")
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+    assert p.returncode == 2
+    assert "tokenizer.json" in p.stderr and "missing upstream" in p.stderr
+    assert not dest.exists()
+
+
+def test_not_enough_room_is_refused_before_downloading(hub_recipe, tmp_path, model_files, small_fs):
+    fs = small_fs("2m")
+    dest = fs / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        hub.requests.clear()
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert hub.requests == []  # no file was requested
+    need = sum(len(b) for b in model_files.values())
+    assert p.returncode == 2, p.stderr
+    assert f"needs {need / 1e9:.2f} GB ({need / 2**30:.2f} GiB)" in p.stderr
+    assert f"has {2 * MIB / 1e9:.2f} GB ({2 * MIB / 2**30:.2f} GiB) free" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert list(fs.iterdir()) == []
+
+
+def test_disk_full_during_download_leaves_nothing_behind(hub_recipe, tmp_path, model_files, small_fs):
+    import shutil
+
+    fs = small_fs("8m")  # room for the 5.4 MB the manifest names, not for what the hub sends
+    dest = fs / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        hub.served["model.safetensors"] = model_files["model.safetensors"] + bytes(16 * MIB)
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+    assert p.returncode == 2, p.stderr
+    assert "no space left on device" in p.stderr and "the partial files were removed" in p.stderr
+    assert "Traceback" not in p.stderr
+    assert list(fs.iterdir()) == []  # no model dir, no staging dir
+    assert shutil.disk_usage(fs).used < MIB
+
+
+def test_recipe_pin_must_match_the_manifest(hub_recipe, tmp_path, model_files):
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        manifest = _manifest(hub_recipe, hub, tmp_path)
+        # A manifest without a full commit is refused.
+        (hub_recipe / "hubby.manifest.json").write_text(json.dumps({**manifest, "revision": SHA[:8]}))
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(tmp_path / "m"))
+        assert p.returncode == 2 and "does not pin a full 40-hex commit" in p.stderr
+        # A manifest built for another commit than the recipe pins is refused.
+        other = "1" * 40
+        (hub_recipe / "hubby.manifest.json").write_text(json.dumps({**manifest, "revision": other}))
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(tmp_path / "m"))
+        assert p.returncode == 2 and f"was built for commit {other}" in p.stderr
+    assert not (tmp_path / "m").exists()
+
+
+def test_short_pin_is_fetched_by_the_manifests_full_commit(recipe_dir, tmp_path, model_files):
+    def edit(d):
+        d["model"] = {"source": "hub", "repo_id": REPO_ID, "revision": SHA[:8], "served_name": "tiny-hub",
+                      "dtype": "bfloat16", "size_on_disk_gb": 0.006, "path": str(tmp_path / "model")}
+
+    write_variant(recipe_dir, "hubby", edit)
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        manifest = _manifest(recipe_dir, hub, tmp_path)
+        assert manifest["revision"] == SHA  # the full commit the hub resolved the prefix to
+        hub.requests.clear()
+        p = cli(recipe_dir, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["commit"] == SHA
+    # The hub now resolves the same prefix to another commit (history rewritten, or the manifest is stale).
+    moved = SHA[:8] + "a" * 32
+    with FakeHub(REPO_ID, moved, model_files) as hub:
+        p = cli(recipe_dir, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(tmp_path / "other"))
+    assert p.returncode == 2
+    assert f"resolves {REPO_ID}@{SHA[:8]} to commit {moved}" in p.stderr and f"built for {SHA}" in p.stderr
+    assert not (tmp_path / "other").exists()
