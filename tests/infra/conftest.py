@@ -32,7 +32,10 @@ def dv() -> dict:
 
 @pytest.fixture
 def api_key(host, dv) -> str | None:
-    """The deployed API key, read from the node's 0600 key file (None when auth is off)."""
+    """The deployed API key, read from the node's 0600 key file (None when auth is off).
+    $DS4_KEY_FILE (a local VLLM_API_KEY= file) overrides it, for a server started by hand."""
+    if os.environ.get("DS4_KEY_FILE"):
+        return parse_env_file(Path(os.environ["DS4_KEY_FILE"]).read_text()).get("VLLM_API_KEY")
     if dv["ds4_auth_mode"] != "api_key":
         return None
     key = parse_env_file(host.file(dv["ds4_key_file"]).content_string).get("VLLM_API_KEY")
@@ -43,7 +46,10 @@ def api_key(host, dv) -> str | None:
 
 @pytest.fixture
 def base_url(host, dv) -> str:
-    """http://<address>:<port> the API is reachable at from this test runner."""
+    """http://<address>:<port> the API is reachable at from this test runner. $DS4_BASE_URL overrides it, e.g. for
+    an engine started by hand: DS4_BASE_URL=http://127.0.0.1:8100 DS4_KEY_FILE=<key env file> pytest <tests>."""
+    if os.environ.get("DS4_BASE_URL"):
+        return os.environ["DS4_BASE_URL"].rstrip("/")
     addr = dv["ds4_bind_address"]
     local = host.backend.get_connection_type() == "local" or host.backend.get_hostname() in (
         "localhost", "127.0.0.1", "::1")

@@ -1,0 +1,101 @@
+"""`ds4deploy bench run` against the real server: the smoke profile end to end, the salt guard, and a server that
+rejects the run's max_tokens. Runs in `make e2e` against the deployed stack; against a hand-started engine with
+DS4_BASE_URL and DS4_KEY_FILE (see conftest.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = os.environ.get("DS4_RECIPE", "cpu")
+
+
+@pytest.fixture
+def bench(tmp_path, base_url, api_key):
+    """Run `ds4deploy bench run` on the server under test; returns (process, output dir)."""
+    key = tmp_path / "key.env"
+    key.write_text(f"VLLM_API_KEY={api_key}\n" if api_key else "")
+    out = tmp_path / "out"
+
+    def run(*args: str, env: dict | None = None, recipe: str = RECIPE) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "ds4deploy.cli", "bench", "run", recipe, "--url", base_url, "--out", str(out),
+               "--quiet", *args]
+        if api_key:
+            cmd += ["--key-file", str(key)]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=900, check=False,
+                               env={**os.environ, **(env or {})})
+
+    run.out = out
+    return run
+
+
+def cells(out: Path, profile: str) -> list[dict]:
+    return [json.loads(p.read_text()) for p in sorted((out / profile / "cells").glob("*.json"))]
+
+
+def test_smoke_profile_measures_every_cell_honestly(bench):
+    p = bench("--profile", "smoke")
+    assert p.returncode == 0, p.stderr
+    got = cells(bench.out, "smoke")
+    assert len(got) == 8
+    for c in got:
+        assert c["valid"], c["flags"]
+        assert c["completed"] == c["num_prompts"] == 2 * c["spec"]["concurrency"]
+        assert c["output_lens"] == [64] * c["num_prompts"]  # ignore_eos, max_tokens 64 from the profile
+        # The prompts are real tokens: the server counted what the cell asked for.
+        assert abs(c["prompt_tokens_median"] - c["prompt_tokens_target"]) <= 16
+        # Salted: the prefix cache served nothing beyond template heads.
+        assert c["server_counters"]["prefix_cache_hits"] <= 32 * c["num_prompts"]
+        assert c["ttft_s"] > 0 and c["decode_tok_s"] > 0 and c["aggregate_tok_s"] > 0
+        assert c["harness_cpu_ms_per_1k_tokens"] > 0
+    md = (bench.out / "smoke.md").read_text()
+    assert "| cell | prompt tok (measured) | conc. |" in md
+    assert (bench.out / "smoke.html").is_file() and (bench.out / "smoke" / "ttft_vs_prompt.png").is_file()
+
+
+def test_unsalted_prompts_are_served_by_the_cache_and_flagged(bench, tmp_path):
+    profile = tmp_path / "repeat.yaml"
+    profile.write_text(yaml.safe_dump({
+        "name": "repeat", "description": "one 1,024-token cell, twice", "source": "test", "max_tokens": 8,
+        "ignore_eos": True, "requests_per_session": 2, "warmup_requests": 0,
+        "cells": [{"prompt_tokens": 1024, "concurrency": 1, "content": "legal"}]}))
+    p = bench("--profile", str(profile), "--no-salt", "--no-plots")
+    assert p.returncode == 1, p.stderr
+    (c,) = cells(bench.out, "repeat")
+    assert not c["valid"]
+    assert any(f.startswith("cache hit: the prefix cache served") for f in c["flags"]), c["flags"]
+    assert c["server_counters"]["prefix_cache_hits"] >= 512  # the second request reused the first's blocks
+    # Same cell salted: valid.
+    p = bench("--profile", str(profile), "--no-plots")
+    assert p.returncode == 0, p.stderr
+    (c,) = cells(bench.out, "repeat")
+    assert c["valid"] and c["server_counters"]["prefix_cache_hits"] <= 64
+
+
+def test_server_rejecting_max_tokens_stops_the_run_with_its_message(bench, tmp_path):
+    if RECIPE != "cpu":
+        pytest.skip("uses a copy of the cpu recipe")
+    # A recipe that believes the server takes 8,192 tokens, while it serves 2,048 (e.g. a stale deploy).
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    data = yaml.safe_load((REPO / "recipes" / "cpu.yaml").read_text())
+    data["serving"]["max_model_len"] = 8192
+    (recipes / "cpu.yaml").write_text(yaml.safe_dump(data))
+    shutil.copy(REPO / "recipes" / "cpu.manifest.json", recipes / "cpu.manifest.json")
+    profile = tmp_path / "long.yaml"
+    profile.write_text(yaml.safe_dump({
+        "name": "long", "description": "4,096 output tokens", "source": "test", "max_tokens": 4096,
+        "cells": [{"prompt_tokens": 256}]}))
+    p = bench("--profile", str(profile), env={"DS4_RECIPES_DIR": str(recipes)})
+    assert p.returncode == 2, p.stderr
+    assert "error: the server rejected a benchmark request (max_tokens=4096" in p.stderr
+    assert "cannot be greater than max_model_len" in p.stderr and "\nfix: lower the profile's max_tokens" in p.stderr
+    assert not bench.out.exists()
