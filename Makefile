@@ -5,6 +5,7 @@
 #   make render               re-render compose/ from recipes/
 #   make base-image           Debian bookworm base via debootstrap (no registry needed)
 #   make bench-stack [COLD=1] packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
+#   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
 
@@ -26,7 +27,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bundle clean
+.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench bundle clean
 
 help:
 	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
@@ -106,6 +107,11 @@ bundle: venv
 
 bench-stack: venv
 	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE) $(if $(COLD),--cold)
+
+PROFILE ?= smoke
+bench: venv
+	$(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/bench/$(RECIPE) $(if $(URL),--url $(URL)) \
+	  $(if $(KEY_FILE),--key-file $(KEY_FILE))
 
 clean:
 	rm -rf .cache build *.egg-info
