@@ -5,6 +5,7 @@
 #   make render               re-render compose/ from recipes/
 #   make base-image           Debian bookworm base via debootstrap (no registry needed)
 #   make bench-stack [COLD=1] packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
+#   make bench-verify         model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
 #   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
@@ -27,7 +28,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench bundle clean
+.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bundle clean
 
 help:
 	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
@@ -107,6 +108,10 @@ bundle: venv
 
 bench-stack: venv
 	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE) $(if $(COLD),--cold)
+
+# Creates 8 x 512 MiB in /tmp (removed after); drops the page cache for cold runs when allowed (root).
+bench-verify: venv
+	$(BIN)/python -m ds4deploy.bench_verify
 
 PROFILE ?= smoke
 bench: venv
