@@ -33,6 +33,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
+import aiohttp
 import httpx
 
 from ds4deploy.bench import metrics as prom
@@ -276,7 +277,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
                         TextColumn("ETA"), TimeRemainingColumn(), disable=ns.quiet)
     with progress:
         task = progress.add_task("warm-up", total=sum(per_cell) + profile.warmup_requests)
-        timeout = httpx.Timeout(ns.timeout, connect=30)
+        timeout = ns.timeout
         for _ in range(profile.warmup_requests):
             text, _n = text_for(cells[0], req_no)
             req_no += 1
@@ -323,10 +324,12 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
     return records
 
 
-async def _run(url: str, headers: dict, timeout: httpx.Timeout, payloads: list[dict], concurrency: int, on_done):
-    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
-    async with httpx.AsyncClient(headers=headers, timeout=timeout, limits=limits) as aclient:
-        return await run_closed_loop(payloads, concurrency, aclient, f"{url}/v1/chat/completions", on_done)
+async def _run(url: str, headers: dict, timeout_s: float, payloads: list[dict], concurrency: int, on_done):
+    """Send `payloads` with `concurrency` sessions over one aiohttp connection pool; (results, wall seconds)."""
+    conn = aiohttp.TCPConnector(limit=concurrency + 4)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
+    async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=conn) as session:
+        return await run_closed_loop(payloads, concurrency, session, f"{url}/v1/chat/completions", on_done)
 
 
 def list_profiles(_ns: argparse.Namespace) -> int:

