@@ -306,6 +306,60 @@ def cmd_bench_profiles(ns: argparse.Namespace) -> int:
     return list_profiles(ns)
 
 
+
+def cmd_check_run(ns: argparse.Namespace) -> int:
+    """Host, rails and fabric checks against an inventory: one table per host; exit 0 all passed (skips allowed),
+    1 a check failed, 2 a check could not run."""
+    from ds4deploy import preflight
+    from ds4deploy.checks import report, runner
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    inventory = Path(ns.inventory)
+    hosts = runner.select_hosts(preflight.load_inventory(inventory), runner.inventory_groups(inventory), ns.limit)
+    groups = tuple(g.strip() for g in ns.groups.split(",") if g.strip())
+    rows = runner.run_checks(recipe, hosts, groups)
+    if ns.require_hardware:
+        rows = [report.Row(r.host, r.check, r.expected, r.measured, report.FAIL, "this host lacks the hardware",
+                           r.source) if r.verdict == report.SKIP and ("NVIDIA GPU" in r.measured or "RDMA" in
+                                                                       r.measured) else r for r in rows]
+    report.print_tables(rows, f"check {recipe.name}", width=ns.width)
+    return report.exit_code(rows)
+
+
+def cmd_check_inputs(ns: argparse.Namespace) -> int:
+    """Refuse bad inventory/recipe input before any host is changed; with --write, write the provisioning
+    variables (ds4_* keys the provisioning roles read) as YAML."""
+    import yaml
+
+    from ds4deploy import preflight
+    from ds4deploy.checks import inputs
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    hosts = preflight.load_inventory(Path(ns.inventory)) if ns.inventory else {}
+    inputs.validate_inputs(recipe, hosts)
+    text = yaml.safe_dump(inputs.provision_vars(recipe), sort_keys=True)
+    if ns.write:
+        out = Path(ns.write)
+        changed = not out.is_file() or out.read_text() != text
+        if changed:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+        print(json.dumps({"changed": changed, "path": str(out), "hosts": len(hosts)}))
+    else:
+        print(text, end="")
+    return 0
+
+
+def cmd_fabric_gid_index(ns: argparse.Namespace) -> int:
+    """Print the RoCE v2 GID index of --ipv4 on --hca, resolved from this node's sysfs (for NCCL_IB_GID_INDEX)."""
+    from ds4deploy.checks.fabric import resolve_gid_index
+
+    print(resolve_gid_index(ns.hca, ns.ipv4, ns.sysfs))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every ds4deploy command."""
     p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
@@ -414,6 +468,33 @@ def build_parser() -> argparse.ArgumentParser:
     br.set_defaults(func=cmd_bench_run)
     bl = bns.add_parser("profiles", help="list the bundled benchmark profiles")
     bl.set_defaults(func=cmd_bench_profiles)
+
+    ck = sub.add_parser("check", help="host, rails and fabric checks of provisioned nodes").add_subparsers(
+        dest="sub", required=True)
+    cr = ck.add_parser("run", help="run the checks against an inventory; one table per host (exit 0 all passed, "
+                       "1 a check failed, 2 could not check)")
+    cr.add_argument("--recipe", required=True)
+    cr.add_argument("--inventory", required=True, help="YAML Ansible inventory (ds4_rails per host, ds4_netns for "
+                    "test hosts in network namespaces)")
+    cr.add_argument("--groups", default="host,rails,fabric", help="check groups, comma-separated")
+    cr.add_argument("--limit", help="host or inventory group names, comma-separated (default: all hosts)")
+    cr.add_argument("--require-hardware", action="store_true",
+                    help="count 'no NVIDIA GPU' / 'no RDMA device' skips as failures")
+    cr.add_argument("--width", type=int, default=160, help="table width in columns")
+    cr.set_defaults(func=cmd_check_run)
+    ci = ck.add_parser("inputs", help="refuse bad inventory/recipe input (rail addresses, duplicates, clocks) "
+                       "and print or --write the provisioning variables")
+    ci.add_argument("recipe")
+    ci.add_argument("--inventory", help="YAML Ansible inventory")
+    ci.add_argument("--write", help="write the variables to this YAML file (prints {\"changed\": ...})")
+    ci.set_defaults(func=cmd_check_inputs)
+
+    fb = sub.add_parser("fabric", help="fabric helpers run on a node").add_subparsers(dest="sub", required=True)
+    fg = fb.add_parser("gid-index", help="print the RoCE v2 GID index of a rail address on an HCA (this node)")
+    fg.add_argument("--hca", required=True, help="RDMA device, e.g. rocep1s0f0")
+    fg.add_argument("--ipv4", required=True, help="the rail's IPv4 address on this node")
+    fg.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
+    fg.set_defaults(func=cmd_fabric_gid_index)
     return p
 
 

@@ -1,0 +1,335 @@
+"""Fabric checks: RDMA links, the per-node RoCE v2 GID index, ib_write_bw between two nodes, nccl-tests.
+
+A host without ``/sys/class/infiniband/*`` reports every fabric row as "skipped: no RDMA device", never pass.
+
+ib_write_bw (perftest) runs with the flags shared/UPSTREAM.md gives: ``ib_write_bw -d <hca> -x <gid index> -F
+--report_gbits -D <seconds> -p <port> [<server address>]``. The server side starts first in the background on
+the head node under coreutils ``timeout`` (so it ends even when no client comes); the client runs on the peer;
+afterwards the server is stopped by its own process id and its files are removed, also when the client failed.
+Results are parsed by `ds4deploy.parsers.ib_write_bw` (Gb/s = 10^9 bit/s).
+
+Thresholds: fabric.min_rail_gbit_s per rail (SEEDS B / UPSTREAM: ~92-112 Gb/s per rail), twice that with both
+rails at once (SEEDS B: 196.02 Gb/s both rails). A result between 8 and 25 Gb/s is the ConnectX-7 degraded state
+(SEEDS B: 13.26 Gb/s with every counter clean; NVIDIA/dgx-spark-playbooks PR #108 `check-connectx-bandwidth`
+gives 8-25 Gb/s its own status): only a full AC power-off and discharge fixes it, a reboot does not.
+"""
+
+from __future__ import annotations
+
+import shlex
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from ds4deploy.checks.report import ERROR, FAIL, PASS, Row, skip
+from ds4deploy.checks.target import Target
+from ds4deploy.errors import UserError
+from ds4deploy.parsers.gids import GidEntry, read_gid_table, roce_v2_gid_index
+from ds4deploy.parsers.ib_write_bw import parse_ib_write_bw
+from ds4deploy.parsers.nccl_tests import parse_nccl_tests
+from ds4deploy.parsers.rdma_link import parse_rdma_link_text
+from ds4deploy.recipe import Rail, Recipe
+
+NO_RDMA = "no RDMA device"
+SRC_BW = "recipe fabric.min_rail_gbit_s; SEEDS B: 108.33 Gb/s per rail, 196.02 both rails"
+# The degraded ConnectX-7 band, Gb/s: NVIDIA/dgx-spark-playbooks PR #108 (check-connectx-bandwidth status 2).
+DEGRADED_GBIT_S = (8.0, 25.0)
+DEGRADED_FIX = ("ConnectX-7 degraded state (~13 Gb/s with clean counters, SEEDS B): power both nodes off at the "
+                "wall, unplug them and let them discharge, then power on; a reboot does not fix it "
+                "(13.26 -> 108.33 Gb/s per rail after a full AC power-off)")
+# ib_write_bw duration (-D, s) and the server's own time limit (s): the server must outlive the client's
+# connection set-up and run, and end by itself when the client never comes.
+IB_DURATION_S = 10
+IB_SERVER_TIMEOUT_S = 60
+IB_BASE_PORT = 18515  # perftest's default port; rail i uses IB_BASE_PORT + i
+# NCCL bus bandwidth expected per Gb/s of RDMA write bandwidth: SEEDS B measured 21.6 GB/s busbw over both
+# rails where ib_write_bw gave 196.02 Gb/s (24.5 GB/s), i.e. 0.88; ds4deploy asks for 0.85 x the rails' minimum.
+NCCL_BUSBW_PER_RDMA = 0.85
+EINVAL_MARK = "#EINVAL"
+
+# Dump every GID slot's gid, type and ndev as "<path>\t<value>", or "\t#EINVAL" when the read fails with EINVAL.
+_GID_DUMP = (
+    "for f in /sys/class/infiniband/*/ports/*/gids/* /sys/class/infiniband/*/ports/*/gid_attrs/types/* "
+    "/sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*; do [ -e \"$f\" ] || continue; "
+    "if v=$(cat \"$f\" 2>&1); then printf '%s\\t%s\\n' \"$f\" \"$v\"; "
+    "else case \"$v\" in *'Invalid argument'*) printf '%s\\t#EINVAL\\n' \"$f\";; "
+    "*) printf '%s\\t#ERR %s\\n' \"$f\" \"$v\";; esac; fi; done"
+)
+
+
+def rdma_devices(target: Target) -> list[str]:
+    """RDMA device names under /sys/class/infiniband on the host ([] when there is none)."""
+    out = target.run("ls /sys/class/infiniband 2>/dev/null")
+    return out.stdout.split() if out.ok else []
+
+
+def gid_table_from_dump(dump: str) -> list[GidEntry]:
+    """Rebuild a host's GID table from `_GID_DUMP` output and read it with `read_gid_table`.
+
+    Args:
+        dump: lines ``/sys/class/infiniband/<hca>/ports/<p>/<file>\\t<value>``; ``#EINVAL`` marks a read that failed
+            with EINVAL on the host, ``#ERR <text>`` any other failed read.
+
+    Raises:
+        UserError: a read failed with something other than EINVAL (as `read_gid_table` does), or a malformed GID.
+    """
+    import errno
+
+    with tempfile.TemporaryDirectory(prefix="ds4deploy-gids-") as tmp:
+        root = Path(tmp)
+        for line in dump.splitlines():
+            path, sep, value = line.partition("\t")
+            if not sep or not path.startswith("/sys/class/infiniband/"):
+                continue
+            dest = root / path.removeprefix("/sys/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_text(value + "\n")
+
+        def reader(path: Path) -> str:
+            text = path.read_text()
+            if text.strip() == EINVAL_MARK:
+                raise OSError(errno.EINVAL, "Invalid argument", str(path))
+            if text.startswith("#ERR"):
+                raise OSError(errno.EIO, text[5:].strip(), str(path))
+            return text
+
+        return read_gid_table(root, read=reader)
+
+
+def host_gid_table(target: Target) -> list[GidEntry]:
+    """The host's GID table, read from its /sys over the target.
+
+    Raises:
+        UserError: the dump could not run, or a slot could not be read (see `gid_table_from_dump`).
+    """
+    out = target.run(_GID_DUMP, timeout=120)
+    if not out.ok:
+        raise UserError(f"could not read the GID table on {target.name}: {out.stderr.strip()[:200]}",
+                        "run the check as root on the host")
+    return gid_table_from_dump(out.stdout)
+
+
+def _rail_ipv4(hostvars: dict, rail: Rail) -> str | None:
+    return ((hostvars.get("ds4_rails") or {}).get(rail.name) or {}).get("address")
+
+
+def check_fabric_node(target: Target, recipe: Recipe, hostvars: dict) -> list[Row]:
+    """Per-node fabric rows: RDMA link state and RoCE v2 GID index of every HCA of every rail.
+
+    Returns:
+        ``fabric.link.<hca>`` and ``fabric.gid.<hca>`` rows; skips when the recipe has no fabric or the host has no
+        RDMA device.
+    """
+    host = target.name
+    if recipe.fabric is None:
+        return [skip(host, "fabric", "no fabric", f"recipe {recipe.name} has no fabric section")]
+    hcas = [(rail, hca) for rail in recipe.fabric.rails for hca in rail.hcas]
+    if not rdma_devices(target):
+        return [skip(host, f"fabric.{kind}.{hca}", "RDMA port", NO_RDMA) for _, hca in hcas for kind in ("link", "gid")]
+    rows: list[Row] = []
+    links_out = target.run("rdma link show")
+    try:
+        links = {link.device: link for link in parse_rdma_link_text(links_out.stdout)} if links_out.ok else None
+    except UserError as exc:
+        links = None
+        links_out = type(links_out)(2, "", exc.cause)
+    for _rail, hca in hcas:
+        if links is None:
+            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", links_out.stderr.strip()[:160], ERROR,
+                            "install iproute2 with the rdma tool; run as root"))
+            continue
+        link = links.get(hca)
+        if link is None:
+            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", f"no RDMA device {hca}", FAIL,
+                            "check fabric.rails[].hcas against `rdma link show` / `ibdev2netdev`"))
+        else:
+            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", f"{link.state} / {link.physical_state}",
+                            PASS if link.is_up else FAIL, "" if link.is_up else
+                            "bring the port up (cable, `ip link set <netdev> up`)", "iproute2 rdma/link.c states"))
+    try:
+        table = host_gid_table(target)
+    except UserError as exc:
+        return rows + [Row(host, f"fabric.gid.{hca}", "RoCE v2 GID", exc.cause, ERROR, exc.fix) for _, hca in hcas]
+    for rail, hca in hcas:
+        ipv4 = _rail_ipv4(hostvars, rail)
+        if ipv4 is None:
+            rows.append(Row(host, f"fabric.gid.{hca}", "RoCE v2 GID of the rail address", "no rail address", ERROR,
+                            f"add ds4_rails.{rail.name}.address to the inventory"))
+            continue
+        try:
+            index = roce_v2_gid_index(table, hca, ipv4)
+        except UserError as exc:
+            rows.append(Row(host, f"fabric.gid.{hca}", f"RoCE v2 GID ::ffff:{ipv4}", exc.cause, FAIL, exc.fix,
+                            "shared/UPSTREAM.md sm121 GID resolution"))
+        else:
+            rows.append(Row(host, f"fabric.gid.{hca}", f"RoCE v2 GID ::ffff:{ipv4}", f"index {index}", PASS, "",
+                            "resolved on this node (the index differs per node and moves after reboots)"))
+    return rows
+
+
+def bandwidth_verdict(gbit_s: float, minimum: float) -> tuple[str, str]:
+    """(verdict, remediation) for a measured ib_write_bw average against `minimum` Gb/s."""
+    if gbit_s >= minimum:
+        return PASS, ""
+    low, high = DEGRADED_GBIT_S
+    if low <= gbit_s <= high:
+        return FAIL, DEGRADED_FIX
+    return FAIL, ("below the recipe's minimum: check MTU 9000 on both ends, that the rail's HCA and GID index are "
+                  "right, PCIe link width (`lspci -vv`), and pause/error counters (`ethtool -S`)")
+
+
+def _start_servers(server: Target, jobs: list[tuple[str, int, int]]) -> list[str]:
+    """Start one ib_write_bw server per (hca, gid index, port) in the background; returns their pid files."""
+    pidfiles = []
+    for hca, gid, port in jobs:
+        base = f"/tmp/ds4deploy-ibbw-{port}"  # noqa: S108 (on the node; removed in _stop_servers)
+        cmd = (f"timeout {IB_SERVER_TIMEOUT_S} ib_write_bw -d {shlex.quote(hca)} -x {gid} -F --report_gbits "
+               f"-D {IB_DURATION_S} -p {port}")
+        server.run(f"nohup sh -c {shlex.quote(cmd)} > {base}.log 2>&1 & echo $! > {base}.pid", timeout=15)
+        pidfiles.append(f"{base}.pid")
+    time.sleep(1.0)  # the server must listen before the client connects
+    return pidfiles
+
+
+def _stop_servers(server: Target, pidfiles: Iterable[str]) -> None:
+    """Stop the servers started by `_start_servers` by process id (never by name) and remove their files."""
+    for pidfile in pidfiles:
+        base = pidfile.removesuffix(".pid")
+        server.run(f"p=$(cat {pidfile} 2>/dev/null); [ -n \"$p\" ] && kill \"$p\" 2>/dev/null; "
+                   f"pkill -P \"$p\" 2>/dev/null; rm -f {pidfile} {base}.log; true", timeout=15)
+
+
+def run_ib_write_bw(server: Target, client: Target, jobs: list[tuple[str, int, str, int, int]]) -> list:
+    """Run ib_write_bw pairs at once: each job (hca, server gid, server address, client gid, port).
+
+    Returns:
+        Per job, the parsed `IbWriteBwResult` or the `UserError`/text explaining why there is none.
+    """
+    pidfiles = _start_servers(server, [(hca, sgid, port) for hca, sgid, _addr, _cgid, port in jobs])
+    try:
+        cmds = [f"timeout {IB_SERVER_TIMEOUT_S} ib_write_bw -d {shlex.quote(hca)} -x {cgid} -F --report_gbits "
+                f"-D {IB_DURATION_S} -p {port} {shlex.quote(addr)}" for hca, _sgid, addr, cgid, port in jobs]
+        # All clients in one shell so both rails load the fabric at the same time; outputs split by a marker.
+        line = " & ".join(f"( {c} > /tmp/ds4deploy-ibbw-client-{j[4]}.log 2>&1 )" for c, j in zip(cmds, jobs,
+                                                                                                  strict=True))
+        line += " ; wait; " + "; ".join(f"echo '==== {j[4]}'; cat /tmp/ds4deploy-ibbw-client-{j[4]}.log; "
+                                        f"rm -f /tmp/ds4deploy-ibbw-client-{j[4]}.log" for j in jobs)
+        out = client.run(line, timeout=IB_SERVER_TIMEOUT_S + 30)
+    finally:
+        _stop_servers(server, pidfiles)
+    parts = {}
+    current = None
+    for text_line in out.stdout.splitlines():
+        if text_line.startswith("==== "):
+            current = int(text_line[5:])
+            parts[current] = []
+        elif current is not None:
+            parts[current].append(text_line)
+    results = []
+    for job in jobs:
+        text = "\n".join(parts.get(job[4], []))
+        try:
+            results.append(parse_ib_write_bw(text))
+        except UserError as exc:
+            results.append(exc)
+    return results
+
+
+def check_bandwidth(server: Target, server_vars: dict, client: Target, client_vars: dict,
+                    recipe: Recipe) -> list[Row]:
+    """ib_write_bw from `client` to `server`, per rail and then both rails at once (rows on the client's host)."""
+    host = client.name
+    if recipe.fabric is None:
+        return [skip(host, "fabric.ib_write_bw", "no fabric", f"recipe {recipe.name} has no fabric section")]
+    rails = recipe.fabric.rails
+    names = [f"fabric.ib_write_bw.{r.name}" for r in rails] + ["fabric.ib_write_bw.all_rails"]
+    minimum = recipe.fabric.min_rail_gbit_s
+    expects = [f">= {minimum:g} Gb/s"] * len(rails) + [f">= {minimum * len(rails):g} Gb/s"]
+    for t in (server, client):
+        if not rdma_devices(t):
+            return [skip(host, n, e, f"{NO_RDMA} on {t.name}") for n, e in zip(names, expects, strict=True)]
+    for t in (server, client):
+        if not t.run("command -v ib_write_bw").ok:
+            return [Row(host, n, e, f"ib_write_bw not installed on {t.name}", ERROR, "install perftest")
+                    for n, e in zip(names, expects, strict=True)]
+    try:
+        stable, ctable = host_gid_table(server), host_gid_table(client)
+    except UserError as exc:
+        return [Row(host, n, e, exc.cause, ERROR, exc.fix) for n, e in zip(names, expects, strict=True)]
+    jobs = []
+    for i, rail in enumerate(rails):
+        hca, saddr, caddr = rail.hcas[0], _rail_ipv4(server_vars, rail), _rail_ipv4(client_vars, rail)
+        try:
+            jobs.append((hca, roce_v2_gid_index(stable, hca, saddr or ""), saddr,
+                         roce_v2_gid_index(ctable, hca, caddr or ""), IB_BASE_PORT + i))
+        except UserError as exc:
+            return [Row(host, n, e, exc.cause, ERROR, exc.fix) for n, e in zip(names, expects, strict=True)]
+    rows = []
+    for job, name, expected in zip(jobs, names, expects, strict=False):
+        rows.append(_bw_row(host, name, expected, run_ib_write_bw(server, client, [job])[0], minimum, server.name))
+    together = run_ib_write_bw(server, client, jobs)
+    failed = [r for r in together if isinstance(r, UserError)]
+    if failed:
+        rows.append(Row(host, names[-1], expects[-1], failed[0].cause, ERROR, failed[0].fix, SRC_BW))
+    else:
+        total = sum(r.bw_avg_gbit_s for r in together)
+        verdict, fix = bandwidth_verdict(total / len(together), minimum)
+        rows.append(Row(host, names[-1], expects[-1], " + ".join(f"{r.bw_avg_gbit_s:.2f}" for r in together)
+                        + f" = {total:.2f} Gb/s", verdict, fix, SRC_BW))
+    return rows
+
+
+def _bw_row(host: str, name: str, expected: str, result, minimum: float, server: str) -> Row:
+    if isinstance(result, UserError):
+        return Row(host, name, expected, result.cause, ERROR, f"{result.fix} (server {server})", SRC_BW)
+    verdict, fix = bandwidth_verdict(result.bw_avg_gbit_s, minimum)
+    return Row(host, name, expected, f"{result.bw_avg_gbit_s:.2f} Gb/s ({result.device})", verdict, fix, SRC_BW)
+
+
+def nccl_min_busbw_gbyte_s(recipe: Recipe) -> float:
+    """The all-reduce bus bandwidth (GB/s) the fabric must give: NCCL_BUSBW_PER_RDMA x rails x min_rail / 8."""
+    assert recipe.fabric is not None
+    return NCCL_BUSBW_PER_RDMA * len(recipe.fabric.rails) * recipe.fabric.min_rail_gbit_s / 8
+
+
+def check_nccl(head: Target, hosts: list[str], recipe: Recipe) -> list[Row]:
+    """nccl-tests all_reduce_perf across `hosts` (mpirun from `head`), where nccl-tests and mpirun are installed.
+
+    Runs with ``NCCL_TESTS_MIN_BW`` set to the expected bus bandwidth so nccl-tests itself fails a slow run, and
+    NCCL_IB_HCA from the recipe.
+    """
+    host = head.name
+    if recipe.fabric is None:
+        return [skip(host, "fabric.nccl_all_reduce", "no fabric", f"recipe {recipe.name} has no fabric section")]
+    need = nccl_min_busbw_gbyte_s(recipe)
+    expected = f">= {need:.1f} GB/s bus bandwidth"
+    if not rdma_devices(head):
+        return [skip(host, "fabric.nccl_all_reduce", expected, NO_RDMA)]
+    if not head.run("command -v all_reduce_perf && command -v mpirun").ok:
+        return [skip(host, "fabric.nccl_all_reduce", expected, "nccl-tests (all_reduce_perf) or mpirun not installed")]
+    env = f"-x NCCL_IB_HCA={','.join(recipe.fabric.nccl_ib_hca)} -x NCCL_TESTS_MIN_BW={need:.2f}"
+    out = head.run(f"mpirun --allow-run-as-root -np {len(hosts)} -H {','.join(hosts)} {env} "
+                   "all_reduce_perf -b 1G -e 1G -f 2 -g 1", timeout=600)
+    try:
+        result = parse_nccl_tests(out.stdout)
+    except UserError as exc:
+        return [Row(host, "fabric.nccl_all_reduce", expected, exc.cause, ERROR, exc.fix)]
+    got = result.avg_busbw_gbyte_s or 0.0
+    ok = got >= need and out.ok
+    return [Row(host, "fabric.nccl_all_reduce", expected, f"{got:.2f} GB/s avg bus bandwidth",
+                PASS if ok else FAIL, "" if ok else "run the ib_write_bw rows first; check NCCL_IB_HCA names both "
+                "twin HCAs of every rail and the GID index per node", "SEEDS B: NCCL over both rails 21.6 GB/s")]
+
+
+def resolve_gid_index(hca: str, ipv4: str, sysfs: str | Path = "/sys") -> int:
+    """The RoCE v2 GID index of `ipv4` on `hca`, read from this machine's sysfs (``ds4deploy fabric gid-index``).
+
+    Raises:
+        UserError: no RDMA device under `sysfs`, or the address is not (or more than once) a RoCE v2 GID of `hca`.
+    """
+    table = read_gid_table(sysfs)
+    if not table and not (Path(sysfs) / "class" / "infiniband").is_dir():
+        raise UserError(f"{NO_RDMA}: {sysfs}/class/infiniband does not exist",
+                        "run this on a node with its RDMA (RoCE) ports, with the mlx5_ib module loaded")
+    return roce_v2_gid_index(table, hca, ipv4)
