@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from ds4deploy.bench.report import fmt_rate, fmt_s
+
 VIEWS = (
     # (file stem, title, x key, y key, series key, log x, log y)
     ("decode_vs_context", "Decode tok/s vs prompt length", "prompt", "decode_tok_s", "content_conc", True, False),
@@ -87,8 +89,8 @@ def write_html(cells: list[dict], path: Path, title: str) -> Path:
         for name, pts in _points(cells, xkey, ykey, skey).items():
             hover = [
                 f"{c['cell_id']}<br>prompt {c['spec']['prompt_tokens']:,} (measured {c['prompt_tokens_median']}), "
-                f"conc. {c['spec']['concurrency']}<br>TTFT {c['ttft_s']:.3f} s, prefill {c['prefill_tok_s'] or 0:,.0f}"
-                f" t/s<br>decode {c['decode_tok_s'] or 0:.1f} t/s, aggregate {c['aggregate_tok_s']:.1f} t/s<br>"
+                f"conc. {c['spec']['concurrency']}<br>TTFT {fmt_s(c['ttft_s'])}, prefill {fmt_rate(c['prefill_tok_s'])}"
+                f" t/s<br>decode {fmt_rate(c['decode_tok_s'])} t/s, aggregate {fmt_rate(c['aggregate_tok_s'])} t/s<br>"
                 f"failed {c['failed']}; {'; '.join(c['flags']) or 'valid'}"
                 for _x, _y, c in pts]
             fig.add_trace(go.Scatter(x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=name,

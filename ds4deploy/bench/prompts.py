@@ -130,15 +130,16 @@ class TokenCounter:
 
 
 def fit_context(counter: TokenCounter, content: str, target: int, template_kwargs: dict | None,
-                run_id: str) -> tuple[str, int]:
+                run_id: str, salted: bool = True) -> tuple[str, int]:
     """A context for `content` such that salt + context + instruction is `target` templated tokens (within
-    `fit_tolerance`). Returns (context, measured tokens with a representative salt).
+    `fit_tolerance`); without the salt when `salted` is False. Returns (context, measured tokens with a
+    representative salt).
 
     Raises:
         UserError: `target` is shorter than the salt, the instruction and the chat template alone.
     """
     ps = load_prompt_set(content)
-    s = salt(run_id, 0)
+    s = salt(run_id, 0) if salted else None
     bare = counter.count(message_text(s, "", ps.instruction), template_kwargs)
     if bare >= target - 8:
         raise UserError(f"a {target}-token {content} prompt is too short: the salt, instruction and chat template "

@@ -268,7 +268,8 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
     def text_for(cell: CellSpec, index: int) -> tuple[str, int]:
         k = (cell.content, cell.prompt_tokens, cell.thinking)
         if k not in fitted:
-            fitted[k] = fit_context(counter, cell.content, cell.prompt_tokens, template_kwargs(recipe, cell), run_id)
+            fitted[k] = fit_context(counter, cell.content, cell.prompt_tokens, template_kwargs(recipe, cell), run_id,
+                                    salted)
         ctx, n = fitted[k]
         ps = load_prompt_set(cell.content)
         return message_text(salt(run_id, index) if salted else None, ctx, ps.instruction), n

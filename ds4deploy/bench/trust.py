@@ -43,6 +43,8 @@ from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, 
 from ds4deploy.bench.run import read_key
 from ds4deploy.recipe import REPO_ROOT, load_recipe
 
+MARK_BEGIN = "<!-- bench-trust:begin -->"
+MARK_END = "<!-- bench-trust:end -->"
 VLLM_BENCH = ("import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
               "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
@@ -152,16 +154,18 @@ def _pct(x: float) -> str:
 
 
 def write_doc(res: dict, path: Path) -> None:
-    """docs/bench-harness.md from the measurements."""
+    """Replace the measurements section (between the markers) of docs/bench-harness.md; the prose around it is
+    kept."""
     lines = [
-        "# Can the benchmark harness be trusted?",
+        MARK_BEGIN,
+        "## Trust measurements",
         "",
         "Measured by `python -m ds4deploy.bench.trust` (see its docstring for the method) on "
         f"{res['date']}, server {res['server']} ({res['server_note']}), client host {res['host']}. The host has "
         "2 cores shared by the engine, both clients and other work, so single runs are noisy: each figure is the "
         "median over interleaved repeats, with the range of the repeats.",
         "",
-        "## Agreement with `vllm bench serve`",
+        "### Agreement with `vllm bench serve`",
         "",
         f"Workload: {res['prompt_tokens']}-token {res['content']} prompts (salted, fitted with the server's "
         f"tokenizer; the same text for both tools), {res['output_tokens']} output tokens (ignore_eos), greedy, "
@@ -181,7 +185,7 @@ def write_doc(res: dict, path: Path) -> None:
     s = res["salt"]
     lines += [
         "",
-        "## The salt guard",
+        "### The salt guard",
         "",
         f"The same cell ({res['prompt_tokens']} tokens, 2 requests, one session) without and with the per-request "
         "salt:",
@@ -198,7 +202,7 @@ def write_doc(res: dict, path: Path) -> None:
     agg_runs = ", ".join(f"{r['tokens'] / r['duration_s']:,.0f}" for r in c["runs"])
     lines += [
         "",
-        "## Harness CPU cost",
+        "### Harness CPU cost",
         "",
         f"12 concurrent streams, {res['cpu_output_tokens']} output tokens each, 24 requests per cell: the client "
         f"process used a median {c['median_cpu_ms_per_1k']:.0f} ms of CPU per 1,000 streamed tokens "
@@ -206,16 +210,23 @@ def write_doc(res: dict, path: Path) -> None:
         "Process time of the whole client (asyncio loop, SSE parsing, JSON), progress bar off.",
         "",
         "Raw numbers: `docs/bench-harness.json`.",
-        "",
+        MARK_END,
     ]
-    path.write_text("\n".join(lines))
+    section = "\n".join(lines)
+    text = path.read_text() if path.is_file() else "# The benchmark harness\n\n"
+    if MARK_BEGIN in text:
+        head, rest = text.split(MARK_BEGIN, 1)
+        text = head + section + rest.split(MARK_END, 1)[1]
+    else:
+        text = text.rstrip("\n") + "\n\n" + section + "\n"
+    path.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the three measurements and write docs/bench-harness.{md,json}."""
     p = argparse.ArgumentParser(prog="python -m ds4deploy.bench.trust", description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="cpu")
-    p.add_argument("--url", required=True)
+    p.add_argument("--url", help="server base URL (required unless --from-json)")
     p.add_argument("--key-file")
     p.add_argument("--model", default=None)
     p.add_argument("--tokenizer", default=str(REPO_ROOT / ".cache" / "models" / "cpu"))
@@ -230,7 +241,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests-per-session", type=int, default=4)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
+    p.add_argument("--from-json", help="only re-render the markdown section from a saved docs/bench-harness.json")
     a = p.parse_args(argv)
+    if a.from_json:
+        write_doc(json.loads(Path(a.from_json).read_text()), Path(a.out))
+        return 0
+    if not a.url:
+        p.error("--url is required")
     recipe = load_recipe(a.recipe)
     a.model = a.model or recipe.model.served_name
     key = read_key(recipe, a.key_file)

@@ -72,6 +72,7 @@ def test_unsalted_prompts_are_served_by_the_cache_and_flagged(bench, tmp_path):
     (c,) = cells(bench.out, "repeat")
     assert not c["valid"]
     assert any(f.startswith("cache hit: the prefix cache served") for f in c["flags"]), c["flags"]
+    assert not any(f.startswith("prompt length off") for f in c["flags"])  # fitted without the salt
     assert c["server_counters"]["prefix_cache_hits"] >= 512  # the second request reused the first's blocks
     # Same cell salted: valid.
     p = bench("--profile", str(profile), "--no-plots")

@@ -76,3 +76,18 @@ def test_cell_write_is_atomic(tmp_path, monkeypatch):
 def test_number_formats():
     assert report.fmt_rate(9480.4) == "9,480" and report.fmt_rate(55.84) == "55.8" and report.fmt_rate(None) == "-"
     assert report.fmt_s(0.2104) == "0.210 s" and report.fmt_s(17.68) == "17.68 s" and report.fmt_s(212.7) == "212.7 s"
+
+
+def test_plots_draw_every_view_and_name_invalid_cells(tmp_path):
+    from ds4deploy.bench.plots import VIEWS, write_html, write_png
+
+    cells = [cell(p, c, aggregate_tok_s=10.0 * c, per_session_tok_s=50.0 / c, decode_tok_s=50.0 / c,
+                  prefill_tok_s=1000.0, ttft_s=p / 1000) for p in (256, 1024) for c in (1, 4)]
+    cells.append(cell(2048, 1, valid=False, flags=["cache hit: x"], decode_tok_s=40.0, ttft_s=0.01,
+                      aggregate_tok_s=39.0, per_session_tok_s=40.0, prefill_tok_s=9480.0))
+    pngs = write_png(cells, tmp_path, "t")
+    assert [p.stem for p in pngs] == [v[0] for v in VIEWS]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    html = write_html(cells, tmp_path / "t.html", "t").read_text()
+    assert "p2048-c1-prose" in html and "cache hit: x" in html
+    assert (tmp_path / "plotly.min.js").is_file()
