@@ -9,6 +9,8 @@
 #   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
+#   make check INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=hosts|groups]  one table per host
+#   make test-hosts           provision two netns test hosts (GX10 rails), rail checks, injected faults
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -28,7 +30,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bundle clean
+.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bundle clean check test-hosts
 
 help:
 	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
@@ -117,6 +119,20 @@ PROFILE ?= smoke
 bench: venv
 	$(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/bench/$(RECIPE) $(if $(URL),--url $(URL)) \
 	  $(if $(KEY_FILE),--key-file $(KEY_FILE))
+
+# Host, rails and fabric checks of provisioned nodes: exit 0 all passed (skips say why), 1 a check failed,
+# 2 a check could not run.
+CHECKS ?= host,rails,fabric
+LIMIT ?=
+check: venv
+	$(BIN)/ds4deploy check run --recipe $(RECIPE) --inventory $(INVENTORY) --groups $(CHECKS) $(if $(LIMIT),--limit $(LIMIT))
+
+# Two network namespaces with veth rails stand in for two GX10 nodes: provision.yml's rails role, the rail checks,
+# injected faults and bad input (tests/hosts; needs root). Namespaces are removed even when a test fails.
+test-hosts: venv
+	@command -v netplan >/dev/null && command -v ping >/dev/null || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends netplan.io iputils-ping; }
+	$(BIN)/pytest -q tests/hosts
 
 clean:
 	rm -rf .cache build *.egg-info

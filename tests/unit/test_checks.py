@@ -1,0 +1,316 @@
+"""ds4deploy.checks without hardware: the row model and exit codes, bad input, provisioning variables, the GID
+table read over a command line (real sysfs layouts), ib_write_bw runs with clean-up (real captures), the
+degraded-state diagnosis, and host checks run for real on this GPU-less, RDMA-less machine."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ds4deploy.checks import fabric, host, inputs, report, runner
+from ds4deploy.checks.target import Result, ShellTarget, target_for
+from ds4deploy.cli import main
+from ds4deploy.errors import UserError
+from ds4deploy.recipe import load_recipe
+from tests.unit.parsers._fixtures import SYSFS, fixture_text
+
+REPO = Path(__file__).resolve().parents[2]
+GX10 = "gx10x2-ds4-flash-fp8"
+
+
+def _hosts(**rails):
+    return {h: {"ds4_rails": {r: {"address": a} for r, a in addrs.items()}} for h, addrs in rails.items()}
+
+
+# --- report ---------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("verdicts", "code"), [
+    (["pass", "skip"], 0), (["pass", "fail"], 1), (["pass", "error"], 2), (["error", "fail", "skip"], 1), ([], 0),
+])
+def test_exit_code(verdicts, code):
+    assert report.exit_code([report.Row("h", "c", "", "", v) for v in verdicts]) == code
+
+
+def test_row_refuses_unknown_verdict():
+    with pytest.raises(ValueError, match="verdict 'ok'"):
+        report.Row("h", "c", "", "", "ok")
+
+
+def test_tables_one_per_host_with_summary():
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    rows = [report.Row("a", "rails.mtu.rail0", "9000", "1500", "fail", "set mtu"), report.skip("b", "gpu.count", "1",
+                                                                                               "no NVIDIA GPU")]
+    report.print_tables(rows, "check x", console=console)
+    text = console.export_text()
+    assert "check x: a" in text and "check x: b" in text and "skipped: no NVIDIA GPU" in text
+    assert "0 passed, 1 failed, 1 skipped, 0 could not check (2 host(s))" in text
+
+
+# --- bad input and provisioning variables ---------------------------------------------------------------------
+
+
+def test_rail_inputs_pass_for_a_good_inventory():
+    hosts = _hosts(a={"rail0": "192.168.100.1", "rail1": "192.168.101.1"},
+                   b={"rail0": "192.168.100.2", "rail1": "192.168.101.2"})
+    assert inputs.rail_problems(load_recipe(GX10), hosts) == []
+    inputs.validate_inputs(load_recipe(GX10), hosts)
+
+
+@pytest.mark.parametrize(("hosts", "message"), [
+    (_hosts(a={"rail0": "192.168.100.1"}), "a: ds4_rails.rail1.address is missing"),
+    (_hosts(a={"rail0": "192.168.100.1", "rail1": "192.168.101.1"}, b={"rail0": "192.168.100.1",
+                                                                        "rail1": "192.168.101.2"}),
+     "b: ds4_rails.rail0.address = 192.168.100.1 is also given to a (rail0)"),
+    (_hosts(a={"rail0": "192.168.101.5", "rail1": "192.168.101.1"}),
+     "a: ds4_rails.rail0.address = 192.168.101.5 is not a host address in 192.168.100.0/24"),
+    (_hosts(a={"rail0": "192.168.100.255", "rail1": "192.168.101.1"}), "is not a host address"),
+    (_hosts(a={"rail0": "fe80::1", "rail1": "192.168.101.1"}), "'fe80::1' is not an IPv4 address"),
+])
+def test_rail_inputs_refused(hosts, message):
+    with pytest.raises(UserError) as err:
+        inputs.validate_inputs(load_recipe(GX10), hosts)
+    assert message in err.value.cause and "nothing was changed" in err.value.cause
+
+
+def test_recipe_without_fabric_needs_no_rail_addresses():
+    assert inputs.rail_problems(load_recipe("cpu"), {"localhost": {}}) == []
+
+
+def _recipe_with(tmp_path, name, **gpus):
+    data = yaml.safe_load((REPO / "recipes" / f"{name}.yaml").read_text())
+    data["hardware"]["gpus"].update(gpus)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_v100_clock_lock_above_the_datasheet_is_refused(tmp_path):
+    ok = load_recipe("v100x8-ds41-flash-iq2")
+    assert inputs.gpu_request_problems(ok) == []  # 1522 MHz lock, 150 W (SEEDS A)
+    bad = load_recipe(_recipe_with(tmp_path, "v100x8-ds41-flash-iq2", graphics_clock_lock_mhz=1600))
+    (problem,) = inputs.gpu_request_problems(bad)
+    assert "1600 MHz" in problem and "at most 1530 MHz" in problem and "V100 datasheet" in problem
+
+
+def test_rtx3090_power_above_board_power_and_gb10_power_limit_refused(tmp_path):
+    rtx = load_recipe(_recipe_with(tmp_path, "rtx3090x2-xeon-ds4-flash", power_limit_w=400,
+                                   graphics_clock_lock_mhz=2000))
+    problems = inputs.gpu_request_problems(rtx)
+    assert len(problems) == 1 and "400 W, above NVIDIA GeForce RTX 3090's maximum 350 W" in problems[0]
+    gb10 = load_recipe(_recipe_with(tmp_path, GX10, power_limit_w=100))
+    (problem,) = inputs.gpu_request_problems(gb10)
+    assert "no settable power limit" in problem
+    # Measured limits from nvidia-smi replace the datasheet when a GPU is there.
+    assert inputs.gpu_request_problems(rtx, max_graphics_mhz=1900, max_power_limit_w=450, what="nvidia-smi") == [
+        "hardware.gpus.graphics_clock_lock_mhz = 2000 MHz, but NVIDIA GeForce RTX 3090 runs at most 1900 MHz per the "
+        "nvidia-smi: a lock above the maximum cannot be honoured"]
+
+
+def test_cli_check_inputs_exit_codes(tmp_path, capsys):
+    bad = _recipe_with(tmp_path, "v100x8-ds41-flash-iq2", graphics_clock_lock_mhz=1600)
+    assert main(["check", "inputs", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 1 problem(s)") and "\nfix: " in err
+    out = tmp_path / "vars.yml"
+    assert main(["check", "inputs", "v100x8-ds41-flash-iq2", "--write", str(out)]) == 0
+    assert '"changed": true' in capsys.readouterr().out
+    assert main(["check", "inputs", "v100x8-ds41-flash-iq2", "--write", str(out)]) == 0
+    assert '"changed": false' in capsys.readouterr().out
+    data = yaml.safe_load(out.read_text())
+    assert data["ds4_gpu_clock_lock_mhz"] == 1522 and data["ds4_gpu_power_limit_w"] == 150
+    assert data["ds4_driver_min_version"] == "525.60.13"  # CUDA 12.8
+
+
+def test_provision_vars_gx10():
+    v = inputs.provision_vars(load_recipe(GX10))
+    assert [r["netdev"] for r in v["ds4_fabric_rails"]] == ["enp1s0f0np0", "enp1s0f1np1"]
+    assert {r["prefix"] for r in v["ds4_fabric_rails"]} == {24} and v["ds4_fabric_master_port"] == 25000
+    assert v["ds4_driver_min_version"] == "580.65.06" and v["ds4_memlock_unlimited"] is True
+    assert v["ds4_known_bad_kernels"][0]["release"] == "7.0.0-1019-nvidia"
+    cpu = inputs.provision_vars(load_recipe("cpu"))
+    assert cpu["ds4_fabric_rails"] == [] and cpu["ds4_driver_min_version"] is None
+
+
+# --- fabric: GID table over a command line, on real sysfs layouts ---------------------------------------------
+
+
+class FixtureSysfs:
+    """A target whose shell runs for real, but with /sys/class/infiniband pointing at a fixture tree."""
+
+    name = "fixture"
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def run(self, cmd: str, timeout: float = 60.0) -> Result:
+        real = str(self.root / "class" / "infiniband")
+        done = subprocess.run(["sh", "-c", cmd.replace("/sys/class/infiniband", real)], capture_output=True,
+                              text=True, check=False, timeout=timeout)
+        return Result(done.returncode, done.stdout.replace(real, "/sys/class/infiniband"), done.stderr)
+
+
+def test_gid_dump_round_trip_gb10():
+    table = fabric.host_gid_table(FixtureSysfs(SYSFS / "gb10-spark-0e68"))
+    # Slots 4-7 of rocep1s0f1 are empty (zero GID, EINVAL types) and skipped, as on the real node.
+    assert sorted((e.hca, e.index) for e in table) == [("roceP2p1s0f1", 3)] + [("rocep1s0f1", i) for i in range(4)]
+    from ds4deploy.parsers.gids import roce_v2_gid_index
+
+    assert roce_v2_gid_index(table, "rocep1s0f1", "10.100.184.1") == 3
+    assert roce_v2_gid_index(table, "roceP2p1s0f1", "10.100.185.1") == 3
+
+
+def test_gid_dump_k8s_pod_skips_einval_slots():
+    table = fabric.host_gid_table(FixtureSysfs(SYSFS / "k8s-macvlan-pod"))
+    assert table and min(e.index for e in table) >= 4
+
+
+def test_gid_dump_other_read_error_is_not_swallowed():
+    dump = "/sys/class/infiniband/mlx5_0/ports/1/gids/0\t#ERR cat: Permission denied\n"
+    with pytest.raises(UserError, match="Permission denied"):
+        fabric.gid_table_from_dump(dump)
+
+
+def test_cli_gid_index(capsys):
+    assert main(["fabric", "gid-index", "--hca", "rocep1s0f1", "--ipv4", "10.100.184.1", "--sysfs",
+                 str(SYSFS / "gb10-spark-0e68")]) == 0
+    assert capsys.readouterr().out.strip() == "3"
+    assert main(["fabric", "gid-index", "--hca", "rocep1s0f1", "--ipv4", "10.100.184.9", "--sysfs",
+                 str(SYSFS / "gb10-spark-0e68")]) == 2
+    assert "no RoCE v2 GID on rocep1s0f1 is ::ffff:10.100.184.9" in capsys.readouterr().err
+    assert main(["fabric", "gid-index", "--hca", "x", "--ipv4", "10.0.0.1", "--sysfs", "/nonexistent"]) == 2
+    assert "no RDMA device" in capsys.readouterr().err
+
+
+# --- fabric: ib_write_bw runs and the degraded state ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(("gbit", "verdict", "hint"), [
+    (111.71, "pass", ""), (13.26, "fail", "full AC power-off"), (8.0, "fail", "a reboot does not fix it"),
+    (60.0, "fail", "below the recipe's minimum"), (26.0, "fail", "below the recipe's minimum"),
+])
+def test_bandwidth_verdict(gbit, verdict, hint):
+    got, fix = fabric.bandwidth_verdict(gbit, 90.0)
+    assert got == verdict and hint in fix
+
+
+class Scripted:
+    """A target that answers ib_write_bw client runs with a real capture and records every command it gets."""
+
+    def __init__(self, name: str, client_output: str = "", client_rc: int = 0):
+        self.name, self.client_output, self.client_rc, self.commands = name, client_output, client_rc, []
+
+    def run(self, cmd: str, timeout: float = 60.0) -> Result:
+        self.commands.append(cmd)
+        if "==== " in cmd:  # the client line: one marker per job, then that job's output
+            ports = re.findall(r"echo '==== (\d+)'", cmd)
+            return Result(self.client_rc, "".join(f"==== {p}\n{self.client_output}\n" for p in ports), "")
+        return Result(0, "", "")
+
+
+@pytest.fixture(autouse=False)
+def no_sleep(monkeypatch):
+    monkeypatch.setattr(fabric.time, "sleep", lambda s: None)
+
+
+def test_ib_write_bw_pair_parses_and_cleans_up(no_sleep):
+    server, client = Scripted("head"), Scripted("worker", fixture_text("ib_write_bw-spark-vllm-docker-rdma-cm.txt"))
+    (result,) = fabric.run_ib_write_bw(server, client, [("rocep1s0f1", 3, "192.168.101.1", 4, 18516)])
+    assert result.bw_avg_gbit_s == pytest.approx(111.71)
+    start, stop = server.commands
+    assert "timeout 60 ib_write_bw -d rocep1s0f1 -x 3 -F --report_gbits -D 10 -p 18516" in start
+    assert "echo $! > /tmp/ds4deploy-ibbw-18516.pid" in start
+    assert 'kill "$p"' in stop and "rm -f /tmp/ds4deploy-ibbw-18516.pid" in stop and "pkill -f" not in stop
+    assert "-x 4 -F --report_gbits -D 10 -p 18516 192.168.101.1" in client.commands[0]
+
+
+def test_ib_write_bw_servers_stopped_when_the_client_fails(no_sleep):
+    class Boom(Scripted):
+        def run(self, cmd, timeout=60.0):
+            if "==== " in cmd:
+                raise OSError("connection lost")
+            return super().run(cmd, timeout)
+
+    server = Scripted("head")
+    with pytest.raises(OSError, match="connection lost"):
+        fabric.run_ib_write_bw(server, Boom("worker"), [("a", 3, "192.168.100.1", 3, 18515),
+                                                         ("b", 3, "192.168.101.1", 3, 18516)])
+    stops = [c for c in server.commands if "kill" in c]
+    assert len(stops) == 2 and all("rm -f" in c for c in stops)
+
+
+def test_ib_write_bw_truncated_output_is_an_error_not_a_number(no_sleep):
+    server, client = Scripted("head"), Scripted("worker", fixture_text("ib_write_bw-perftest-234-truncated.txt"))
+    (result,) = fabric.run_ib_write_bw(server, client, [("rocep1s0f0", 3, "192.168.100.1", 3, 18515)])
+    assert isinstance(result, UserError)
+
+
+# --- real runs on this machine (no GPU, no RDMA device) ------------------------------------------------------
+
+
+def test_this_machine_skips_gpu_and_rdma_rows_never_passes():
+    local = ShellTarget("local", [])
+    recipe = load_recipe(GX10)
+    gpu = host.check_gpus(local, recipe) + host.check_container_gpus(local, recipe)
+    assert gpu and {r.verdict for r in gpu} == {"skip"} and {r.measured for r in gpu} == {"skipped: no NVIDIA GPU"}
+    fab = fabric.check_fabric_node(local, recipe, {"ds4_rails": {"rail0": {"address": "192.168.100.1"}}})
+    assert fab and all(r.verdict == "skip" and r.measured == "skipped: no RDMA device" for r in fab)
+    assert fabric.check_nccl(local, ["local"], recipe)[0].measured == "skipped: no RDMA device"
+
+
+def test_memory_and_kernel_checks_on_this_machine(tmp_path):
+    local = ShellTarget("local", [])
+    rows = host.check_memory(local, load_recipe("rtx3090x2-xeon-ds4-flash"))
+    by = {r.check: r for r in rows}
+    assert by["memory.numa_nodes"].verdict == "fail"  # one NUMA node here, the recipe needs 4
+    assert by["memory.ram_per_numa"].verdict == "fail" and "GiB" in by["memory.ram_per_numa"].measured
+    release = subprocess.run(["uname", "-r"], capture_output=True, text=True, check=True).stdout.strip()
+    data = yaml.safe_load((REPO / "recipes" / f"{GX10}.yaml").read_text())
+    data["hardware"]["known_bad_kernels"][0]["release"] = release[:3]
+    path = tmp_path / f"{GX10}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    (bad,) = host.check_kernel(local, load_recipe(path))
+    assert bad.verdict == "fail" and "ibv_reg_mr" in bad.remediation
+    (good,) = host.check_kernel(local, load_recipe(GX10))
+    assert good.verdict == "pass" and good.measured == release
+
+
+# --- transports and inventory selection ----------------------------------------------------------------------
+
+
+def test_target_for_picks_the_transport():
+    assert target_for("a", {"ds4_netns": "ns1"}).prefix == ["ip", "netns", "exec", "ns1"]
+    assert target_for("a", {"ansible_connection": "local"}).prefix == []
+    ssh = target_for("a", {"ansible_host": "10.0.0.5", "ansible_user": "ops", "ansible_port": 2222})
+    assert ssh.remote and ssh.prefix[-1] == "ops@10.0.0.5" and ["-p", "2222"] == ssh.prefix[5:7]
+    assert "BatchMode=yes" in ssh.prefix
+
+
+def test_timeout_gives_rc_124():
+    assert ShellTarget("local", []).run("sleep 5", timeout=0.5).rc == 124
+
+
+def test_groups_and_limit():
+    groups = runner.inventory_groups(REPO / "ansible" / "inventories" / "test-hosts.yml")
+    assert groups["fabric_nodes"] == ["node-a", "node-b"] and groups["all"] == ["node-a", "node-b"]
+    hosts = {"node-a": {}, "node-b": {}}
+    assert list(runner.select_hosts(hosts, groups, "node-b")) == ["node-b"]
+    with pytest.raises(UserError, match="no such host or group"):
+        runner.select_hosts(hosts, groups, "node-z")
+    with pytest.raises(UserError, match="unknown check group"):
+        runner.run_checks(load_recipe("cpu"), {}, ("gpus",))
+
+
+@pytest.mark.skipif(shutil.which("ip") is None, reason="needs iproute2")
+def test_unreachable_host_is_could_not_check(capsys, tmp_path):
+    inv = tmp_path / "inv.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": {"gone": {"ds4_netns": "provision-does-not-exist"}}}}))
+    assert main(["check", "run", "--recipe", "cpu", "--inventory", str(inv)]) == 2
+    assert "could not check" in capsys.readouterr().out
