@@ -8,6 +8,7 @@ check names it - and that the playbook repairs it.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import tempfile
@@ -20,7 +21,7 @@ from ds4deploy import preflight
 from ds4deploy.checks import report, runner
 from ds4deploy.recipe import load_recipe
 from tests.hosts import testhosts
-from tests.hosts.conftest import RECIPE, ds4, playbook
+from tests.hosts.conftest import BIN, RECIPE, ds4, playbook
 
 
 def _recap(out: str) -> dict[str, dict[str, int]]:
@@ -81,6 +82,17 @@ def test_make_check_exit_code_on_the_rails(hosts):
     strict = ds4("check", "run", "--recipe", RECIPE, "--inventory", str(inventory), "--groups", "fabric",
                  "--require-hardware")
     assert strict.returncode == 1
+
+
+def test_testinfra_runs_the_same_checks_per_host_group(hosts):
+    inventory, _ = hosts
+    env = {**os.environ, "DS4_RECIPE": RECIPE, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+    done = subprocess.run([str(BIN / "pytest"), "-q", "-p", "no:cacheprovider", "-rs", "tests/infra/test_rails.py",
+                           "tests/infra/test_fabric.py", "--hosts=ansible://fabric_nodes",
+                           f"--ansible-inventory={inventory}"], capture_output=True, text=True, env=env,
+                          cwd=testhosts.REPO, check=False, timeout=300)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert "2 passed" in done.stdout and "skipped: no RDMA device" in done.stdout
 
 
 def test_second_run_changes_nothing_and_check_mode_is_clean(hosts):
