@@ -55,6 +55,8 @@ def down() -> None:
             _ip("netns", "del", netns(node), check=False)
         shutil.rmtree(NETNS_ETC / netns(node), ignore_errors=True)
     shutil.rmtree(RUN_DIR, ignore_errors=True)
+    if NETNS_ETC.is_dir() and not any(NETNS_ETC.iterdir()):
+        NETNS_ETC.rmdir()  # created by up() when it did not exist; ip netns does not need it
 
 
 def up(recipe_name: str) -> None:
