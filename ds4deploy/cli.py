@@ -306,6 +306,13 @@ def cmd_bench_profiles(ns: argparse.Namespace) -> int:
     return list_profiles(ns)
 
 
+def cmd_bench_ab(ns: argparse.Namespace) -> int:
+    """Paired greedy A/B of two servers (see ds4deploy.bench.ab); exit 1 when outputs differ or a request failed."""
+    from ds4deploy.bench.ab import run_ab
+
+    return run_ab(ns)
+
+
 
 def cmd_check_run(ns: argparse.Namespace) -> int:
     """Host, rails and fabric checks against an inventory: one table per host; exit 0 all passed (skips allowed),
@@ -465,9 +472,33 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--no-plots", action="store_true", help="skip the PNG and HTML plots")
     br.add_argument("--no-salt", action="store_true", help="send unsalted prompts (only to show the cache guard)")
     br.add_argument("--quiet", action="store_true", help="no progress bar")
+    br.add_argument("--yes", action="store_true", help="confirm a profile that changes GPU clocks (clock sweep)")
+    br.add_argument("--restore-locked-clocks", metavar="MIN,MAX",
+                    help="the host's standing `nvidia-smi -lgc` lock to restore after a clock sweep (NVML cannot read "
+                    "it back; default: reset to the driver default)")
     br.set_defaults(func=cmd_bench_run)
     bl = bns.add_parser("profiles", help="list the bundled benchmark profiles")
     bl.set_defaults(func=cmd_bench_profiles)
+    ba = bns.add_parser("ab", help="paired greedy A/B of two servers: speed ratio and byte-identical output")
+    ba.add_argument("a", help="config A: server base URL (http://host:port) or recipe name")
+    ba.add_argument("b", help="config B: server base URL or recipe name")
+    ba.add_argument("--key-file", help="API key file for both servers (VLLM_API_KEY=<key>)")
+    ba.add_argument("--key-file-a", help="API key file for A (default --key-file; a recipe's own key file)")
+    ba.add_argument("--key-file-b", help="API key file for B")
+    ba.add_argument("--model", help="served model name on both (default: the recipe's, or the server's only model)")
+    ba.add_argument("--pairs", type=int, default=16, help="prompt pairs (default 16)")
+    ba.add_argument("--prompt-tokens", type=int, default=256, help="prompt length, tokens of A's tokenizer")
+    ba.add_argument("--max-tokens", type=int, default=128, help="max_tokens of every request")
+    ba.add_argument("--content", action="append", choices=["code", "json", "legal", "prose", "chat"],
+                    help="content type(s) to cycle through (default: all five)")
+    ba.add_argument("--seed", type=int, default=0, help="request seed sent to both (default 0)")
+    ba.add_argument("--temperature", type=float, default=0.0, help="must be 0: ab is greedy-only")
+    ba.add_argument("--ignore-eos", action="store_true", help="decode exactly max_tokens tokens (vLLM extension)")
+    ba.add_argument("--out", default="docs/bench/ab", help="output directory (default docs/bench/ab)")
+    ba.add_argument("--name", default="ab", help="report name: <out>/<name>.md and .json")
+    ba.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a response chunk")
+    ba.add_argument("--quiet", action="store_true", help="print only the report path")
+    ba.set_defaults(func=cmd_bench_ab)
 
     ck = sub.add_parser("check", help="host, rails and fabric checks of provisioned nodes").add_subparsers(
         dest="sub", required=True)

@@ -14,6 +14,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from ds4deploy.bench.clocks import ClockSweep
 from ds4deploy.bench.prompts import CONTENT_TYPES
 from ds4deploy.errors import UserError
 from ds4deploy.recipe import Recipe
@@ -79,7 +80,7 @@ class Profile(BaseModel):
     `requests_per_session` is how many requests each of a cell's sessions sends in turn (cell requests =
     concurrency x requests_per_session). `layout` picks the markdown table: ``content`` (SEEDS A: rows = prompt
     length, a decode column per content type), ``context`` (SEEDS B: rows = prompt x concurrency) or ``cells``
-    (one row per cell, every column).
+    (one row per cell, every column) or ``clocks`` (SEEDS B's clock-cap table, for a `clock_sweep` profile).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -87,7 +88,7 @@ class Profile(BaseModel):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
     description: str
     source: str = Field(min_length=3, description="the reference table or reason this profile reproduces")
-    layout: Literal["content", "context", "cells"] = "cells"
+    layout: Literal["content", "context", "cells", "clocks"] = "cells"
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=0.0, ge=0)
     top_p: float = Field(default=1.0, gt=0, le=1)
@@ -96,6 +97,8 @@ class Profile(BaseModel):
     warmup_requests: int = Field(default=1, ge=0)
     grid: Grid | None = None
     cells: list[CellSpec] = Field(default_factory=list)
+    clock_sweep: ClockSweep | None = Field(default=None, description="measure every cell at each GPU clock cap "
+                                           "(ds4deploy.bench.clocks; needs --yes)")
 
     @model_validator(mode="after")
     def _one_form(self) -> Profile:

@@ -18,6 +18,7 @@ import os
 import statistics
 from pathlib import Path
 
+from ds4deploy.bench import telemetry
 from ds4deploy.bench.expected import Verdict
 from ds4deploy.bench.prompts import CONTENT_TYPES
 
@@ -146,6 +147,13 @@ def table_cells(cells: list[dict]) -> list[str]:
     return lines
 
 
+def _clock_table(cells: list[dict]) -> list[str]:
+    """SEEDS B clock-cap layout (ds4deploy.bench.clocks.clock_table)."""
+    from ds4deploy.bench.clocks import clock_table
+
+    return clock_table(cells)
+
+
 def verdict_table(verdicts: list[Verdict]) -> list[str]:
     """The comparison with the recipe's expected figures."""
     if not verdicts:
@@ -162,7 +170,8 @@ def verdict_table(verdicts: list[Verdict]) -> list[str]:
 def markdown(meta: dict, cells: list[dict], verdicts: list[Verdict]) -> str:
     """The whole ``<profile>.md``: what was run, the table in the profile's layout, the expected comparison, and
     every flagged cell with its reason."""
-    layout = {"context": table_context, "content": table_content, "cells": table_cells}[meta["layout"]]
+    layout = {"context": table_context, "content": table_content, "cells": table_cells,
+              "clocks": _clock_table}[meta["layout"]]
     invalid = [c for c in cells if not c["valid"]]
     lines = [
         f"# Benchmark `{meta['profile']}` on recipe `{meta['recipe']}`",
@@ -177,6 +186,8 @@ def markdown(meta: dict, cells: list[dict], verdicts: list[Verdict]) -> str:
         "aggregate t/s: completion tokens of the cell / its wall time; prefill t/s: prompt tokens / TTFT (median).",
         "",
         *layout(cells),
+        "",
+        *telemetry.markdown_lines(cells, meta.get("telemetry")),
         "",
         "## Against the recipe's expected figures",
         "",

@@ -36,6 +36,7 @@ from pathlib import Path
 import aiohttp
 import httpx
 
+from ds4deploy.bench import clocks, telemetry
 from ds4deploy.bench import metrics as prom
 from ds4deploy.bench.aggregate import summarize
 from ds4deploy.bench.expected import compare
@@ -200,6 +201,10 @@ def run_bench(ns: argparse.Namespace) -> int:
     """Entry point of `ds4deploy bench run`. Returns 0 when every cell is valid, 1 when a cell is invalid."""
     recipe = load_recipe(ns.recipe)
     profile = load_profile(ns.profile)
+    # Clock sweep: refused without --yes or without a GPU, before anything is sent or written.
+    sweep_backend, sweep_gpus = clocks.preflight(profile.clock_sweep, getattr(ns, "yes", False))
+    restore_locked = clocks.parse_locked(getattr(ns, "restore_locked_clocks", None))
+    clocks.recover(clocks.open_backend)  # a sweep that died without restoring: restore first (and say so)
     cells = expand(profile, recipe)
     url = (ns.url or base_url(recipe.serving.bind_address, recipe.serving.port)).rstrip("/")
     key = read_key(recipe, ns.key_file)
@@ -228,9 +233,27 @@ def run_bench(ns: argparse.Namespace) -> int:
             "ignore_eos": profile.ignore_eos, "requests_per_session": profile.requests_per_session,
             "salted": salted, "cells": [c.cell_id for c in cells],
         }
+        gpu = telemetry.open_source()
+        meta["telemetry"] = gpu[1]
+        if sweep_backend is not None:
+            meta["clock_sweep"] = profile.clock_sweep.model_dump()
         atomic_write_text(out_dir / profile.name / "run.json", json.dumps(meta, indent=1) + "\n")
-        records = _measure(ns, profile, recipe, cells, client, counter, url, headers, model, max_tokens, run_id,
-                           salted, out_dir)
+        def measure(tag: str = "") -> list[dict]:
+            return _measure(ns, profile, recipe, cells, client, counter, url, headers, model, max_tokens, run_id,
+                            salted, out_dir, gpu=gpu, tag=tag)
+
+        stopped = None
+        if sweep_backend is not None:
+            if restore_locked is None:
+                print("note: NVML cannot read a standing `nvidia-smi -lgc` lock; after the sweep the clocks are reset "
+                      "to the driver default (pass --restore-locked-clocks MIN,MAX to restore a lock instead)")
+            sweep = clocks.run_sweep(sweep_backend, sweep_gpus, profile.clock_sweep,
+                                     lambda cap: measure(clocks.cap_tag(cap)), restore_locked=restore_locked)
+            records, stopped = sweep.records, sweep.stopped
+            meta["sweep_stopped"] = stopped
+            atomic_write_text(out_dir / profile.name / "run.json", json.dumps(meta, indent=1) + "\n")
+        else:
+            records = measure()
     verdicts = compare(records, profile.name, recipe.expected)
     md = markdown(meta, records, verdicts)
     atomic_write_text(out_dir / f"{profile.name}.md", md)
@@ -238,19 +261,26 @@ def run_bench(ns: argparse.Namespace) -> int:
         from ds4deploy.bench.plots import write_html, write_png
 
         title = f"{recipe.name} / {profile.name}"
-        write_png(records, out_dir / profile.name, title)
-        write_html(records, out_dir / f"{profile.name}.html", title)
+        if profile.clock_sweep is not None:
+            clocks.write_sweep_plots(records, out_dir / profile.name, out_dir / f"{profile.name}.html", title)
+        else:
+            write_png(records, out_dir / profile.name, title)
+            write_html(records, out_dir / f"{profile.name}.html", title)
     bad = [r for r in records if not r["valid"]]
     print(f"wrote {out_dir / (profile.name + '.md')} ({len(records)} cells, {len(bad)} invalid)")
     for r in bad:
         print(f"invalid: {r['cell_id']}: {'; '.join(r['flags'])}", file=sys.stderr)
-    return 1 if bad else 0
+    if stopped:
+        print(f"the clock sweep stopped early: {stopped}", file=sys.stderr)
+    return 1 if bad or stopped else 0
 
 
 def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client: httpx.Client,
              counter: TokenCounter, url: str, headers: dict, model: str, max_tokens: int, run_id: str,
-             salted: bool, out_dir: Path) -> list[dict]:
-    """Warm up, then measure every cell with a progress bar; returns the cell records (also written to disk)."""
+             salted: bool, out_dir: Path, gpu: tuple = (None, telemetry.NO_GPU), tag: str = "") -> list[dict]:
+    """Warm up, then measure every cell with a progress bar; returns the cell records (also written to disk).
+    `gpu` is `telemetry.open_source()`'s (source, description), sampled during each cell; `tag` is appended to
+    every cell id (a clock-sweep point: ``-clk2000``)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -295,8 +325,9 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
             progress.update(task, description=cell.cell_id)
             before = prom.scrape(client, url)
             cpu0 = time.process_time()
-            results, duration = asyncio.run(_run(url, headers, timeout, payloads, cell.concurrency,
-                                                 lambda _r: progress.advance(task)))
+            with telemetry.Sampler(*gpu) as tel:
+                results, duration = asyncio.run(_run(url, headers, timeout, payloads, cell.concurrency,
+                                                     lambda _r: progress.advance(task)))
             cpu = time.process_time() - cpu0
             after = prom.scrape(client, url)
             delta = prom.diff(before, after) if before is not None and after is not None else None
@@ -305,7 +336,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
             tokens = summary["total_output_tokens"]
             record = {
                 "schema": "ds4deploy-bench-cell/1",
-                "cell_id": cell.cell_id, "profile": profile.name, "recipe": recipe.name, "run_id": run_id,
+                "cell_id": cell.cell_id + tag, "profile": profile.name, "recipe": recipe.name, "run_id": run_id,
                 "date": datetime.now(UTC).strftime("%Y%m%d-%H%M%S"), "backend": "openai-chat",
                 "model_id": model, "server": url, "num_prompts": n_req, "max_concurrency": cell.concurrency,
                 "request_rate": "inf",
@@ -315,6 +346,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
                 "prompt_tokens_target": cell.prompt_tokens, "prompt_tokens_fitted": fitted_n,
                 **summary,
                 "server_counters": delta.as_dict() if delta is not None else None,
+                "telemetry": tel.cell_summary(summary["aggregate_tok_s"]),
                 "harness_cpu_s": cpu,
                 "harness_cpu_ms_per_1k_tokens": cpu * 1000 / (tokens / 1000) if tokens else None,
                 "flags": flags, "valid": not flags,

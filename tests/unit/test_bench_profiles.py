@@ -11,7 +11,7 @@ from ds4deploy.recipe import load_recipe
 # Which recipe each reference profile was written for (its expected.table names the profile).
 HOME = {"smoke": "cpu", "context-sweep": "cpu", "v100-content": "v100x8-ds41-flash-iq2",
         "gx10-context": "gx10x2-ds4-flash-fp8", "gx10-many-users": "gx10x2-ds4-flash-fp8",
-        "single-stream": "rtx3090x2-xeon-ds4-flash"}
+        "single-stream": "rtx3090x2-xeon-ds4-flash", "clock-sweep": "gx10x2-ds4-flash-fp8"}
 
 
 def test_every_bundled_profile_expands_for_its_recipe():
