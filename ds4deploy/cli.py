@@ -496,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--ignore-eos", action="store_true", help="decode exactly max_tokens tokens (vLLM extension)")
     ba.add_argument("--out", default="docs/bench/ab", help="output directory (default docs/bench/ab)")
     ba.add_argument("--name", default="ab", help="report name: <out>/<name>.md and .json")
+    ba.add_argument("--label-a", help="what configuration A is, for the report (e.g. 'bf16, defaults')")
+    ba.add_argument("--label-b", help="what configuration B is, for the report")
     ba.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a response chunk")
     ba.add_argument("--quiet", action="store_true", help="print only the report path")
     ba.set_defaults(func=cmd_bench_ab)

@@ -219,7 +219,7 @@ def _fmt_ratio(s: dict) -> str:
 
 def _side(s: dict) -> str:
     where = s["url"] if s["spec"] == s["url"] else f"{s['spec']}, {s['url']}"
-    return f"{where}, model `{s['model']}`"
+    return f"{where}, model `{s['model']}`" + (f" ({s['label']})" if s.get("label") else "")
 
 
 def _cell(text: str) -> str:
@@ -336,7 +336,8 @@ def run_ab(ns: argparse.Namespace) -> int:
     res = {
         "schema": "ds4deploy-bench-ab/1", "name": ns.name, "run_id": run_id,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "a": {"spec": a.spec, "url": a.url, "model": a.model}, "b": {"spec": b.spec, "url": b.url, "model": b.model},
+        "a": {"spec": a.spec, "url": a.url, "model": a.model, "label": ns.label_a},
+        "b": {"spec": b.spec, "url": b.url, "model": b.model, "label": ns.label_b},
         "seed": ns.seed, "max_tokens": ns.max_tokens, "ignore_eos": ns.ignore_eos, "prompt_tokens": ns.prompt_tokens,
         "contents": contents, "stats": stats, "pairs": pairs,
     }
