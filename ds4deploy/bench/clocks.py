@@ -73,7 +73,7 @@ class ClockSweep(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    caps_mhz: list[int | None] = Field(min_length=1)
+    caps_mhz: list[int | None] = Field(min_length=1, max_length=40)  # run.REQS_PER_POINT keeps salts unique
     floor_mhz: int = Field(default=0, ge=0)
     power_limit_w: float | None = Field(default=None, gt=0)
     cool_timeout_s: float = Field(default=900.0, gt=0, description="seconds to wait for < 70 C before a point")
@@ -807,6 +807,7 @@ def write_sweep_plots(cells: list[dict], png_dir: Path, html_path: Path, title: 
         ax.grid(True, alpha=0.3)
     if all(t is None for t in tpw):
         a2.text(0.5, 0.5, "no power readings", transform=a2.transAxes, ha="center")
+        a2.set_yticks([])
     fig.suptitle(f"{title}: clock sweep", fontsize=10)
     fig.tight_layout()
     png = png_dir / "clock_sweep.png"

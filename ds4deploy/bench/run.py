@@ -64,6 +64,8 @@ CACHE_HIT_LIMIT = 0.01
 CACHE_HIT_FREE_TOKENS = 32
 # Seconds to wait for a response chunk: must exceed the longest TTFT (SEEDS B: 555.55 s at 524,288 tokens).
 DEFAULT_TIMEOUT_S = 3600.0
+# Request numbers reserved per clock-sweep point (salts stay 6 digits wide for up to 49 points; ClockSweep caps it).
+REQS_PER_POINT = 20000
 
 
 def read_key(recipe: Recipe, key_file: str | None) -> str | None:
@@ -238,9 +240,12 @@ def run_bench(ns: argparse.Namespace) -> int:
         if sweep_backend is not None:
             meta["clock_sweep"] = profile.clock_sweep.model_dump()
         atomic_write_text(out_dir / profile.name / "run.json", json.dumps(meta, indent=1) + "\n")
+        points: list[str] = []
+
         def measure(tag: str = "") -> list[dict]:
+            points.append(tag)  # each clock point numbers its requests from its own block: no salt repeats
             return _measure(ns, profile, recipe, cells, client, counter, url, headers, model, max_tokens, run_id,
-                            salted, out_dir, gpu=gpu, tag=tag)
+                            salted, out_dir, gpu=gpu, tag=tag, first_req=(len(points) - 1) * REQS_PER_POINT)
 
         stopped = None
         if sweep_backend is not None:
@@ -277,10 +282,11 @@ def run_bench(ns: argparse.Namespace) -> int:
 
 def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client: httpx.Client,
              counter: TokenCounter, url: str, headers: dict, model: str, max_tokens: int, run_id: str,
-             salted: bool, out_dir: Path, gpu: tuple = (None, telemetry.NO_GPU), tag: str = "") -> list[dict]:
+             salted: bool, out_dir: Path, gpu: tuple = (None, telemetry.NO_GPU), tag: str = "",
+             first_req: int = 0) -> list[dict]:
     """Warm up, then measure every cell with a progress bar; returns the cell records (also written to disk).
     `gpu` is `telemetry.open_source()`'s (source, description), sampled during each cell; `tag` is appended to
-    every cell id (a clock-sweep point: ``-clk2000``)."""
+    every cell id (a clock-sweep point: ``-clk2000``); request numbers (the salt) start at `first_req`."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -293,7 +299,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
     per_cell = [c.concurrency * profile.requests_per_session for c in cells]
     fitted: dict[tuple, tuple[str, int]] = {}
     records: list[dict] = []
-    req_no = 0
+    req_no = first_req
 
     def text_for(cell: CellSpec, index: int) -> tuple[str, int]:
         k = (cell.content, cell.prompt_tokens, cell.thinking)

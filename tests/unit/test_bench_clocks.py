@@ -346,3 +346,26 @@ def test_cli_clock_sweep_refused_before_anything(tmp_path, args):
     assert len(lines) == 1, p.stderr
     assert ("needs an NVIDIA GPU" if args else "changes GPU clocks") in lines[0]
     assert not out.exists()
+
+
+def _cell(cap, prompt, tok_s, prefill, power=None, temps=(60, 58), valid=True):
+    tel = ({"status": "ok", "gpus": [{"graphics_mhz_mean": cap or 2476, "power_w_mean": p, "temperature_c_max": t}
+                                     for p, t in zip(power, temps, strict=True)],
+            "tok_s_per_w": tok_s / sum(power)} if power else {"status": "unavailable: no NVIDIA GPU"})
+    return {"cell_id": f"p{prompt}-c1-prose{clocks.cap_tag(cap)}", "clock_cap_mhz": cap, "valid": valid,
+            "spec": {"prompt_tokens": prompt}, "decode_tok_s": tok_s, "aggregate_tok_s": tok_s,
+            "prefill_tok_s": prefill, "telemetry": tel}
+
+
+def test_clock_table_follows_the_seeds_b_layout(tmp_path):
+    cells = [_cell(2000, 256, 54.4, 1700, [20.9, 17.7], (67, 62)), _cell(2000, 16384, 50.0, 1794),
+             _cell(None, 256, 55.0, 1800, [42.7, 35.7], (75, 72)), _cell(None, 16384, 51.0, 1953, valid=False)]
+    lines = clocks.clock_table(cells)
+    assert lines[0] == ("| clock cap MHz | actual MHz | decode t/s | prefill t/s (16,384) | power W | temp C | "
+                        "t/s per W |")
+    assert lines[2] == "| 2000 | 2000 / 2000 | 54.4 | 1,794 | 20.9 / 17.7 | 67 / 62 | 1.41 |"  # SEEDS B row 1
+    assert lines[3] == "| none | 2476 / 2476 | 55.0 * | 1,953 | 42.7 / 35.7 | 75 / 72 | 0.70 |"
+    png, html = clocks.write_sweep_plots(cells, tmp_path / "png", tmp_path / "sweep.html", "t")
+    assert png.stat().st_size > 10_000 and "per W vs clock cap" in html.read_text()
+    no_power = clocks.clock_table([_cell(1500, 256, 900.0, 30000)])
+    assert no_power[2] == "| 1500 | - | 900.0 | 30,000 | - | - | - |"
