@@ -22,7 +22,6 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 ANSIBLE_ENV := ANSIBLE_CONFIG=ansible/ansible.cfg ANSIBLE_FORCE_COLOR=$(if $(CI),0,1)
-STACK_DIR := /opt/ds4deploy/stacks/$(RECIPE)
 # Air-gapped: OFFLINE=<bundle dir> makes the venv from the bundle's wheelhouse (pip --no-index) and deploys from it.
 OFFLINE ?=
 BUNDLE ?= dist/ds4deploy-$(RECIPE)-bundle
@@ -60,12 +59,13 @@ deploy: venv
 down: venv
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/down.yml -e recipe=$(RECIPE)
 
-status:
-	@docker compose --project-directory $(STACK_DIR) ps
-	@curl -fsS -o /dev/null -w 'GET /health -> %{http_code}\n' http://127.0.0.1:$$(sed -n 's/^ds4_port: //p' compose/$(RECIPE)/deploy-vars.yml)/health || true
+# Every node of the recipe: containers, /health on the head; `make logs [LINES=200]` adds each node's log tail.
+status: venv
+	@$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/status.yml -e recipe=$(RECIPE)
 
-logs:
-	docker compose --project-directory $(STACK_DIR) logs --tail 200 -f
+logs: venv
+	@$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/status.yml -e recipe=$(RECIPE) \
+	  -e stack_logs=$(or $(LINES),200)
 
 render: venv
 	$(BIN)/ds4deploy render
@@ -73,7 +73,7 @@ render: venv
 lint: venv
 	$(BIN)/ruff check ds4deploy tests images
 	$(BIN)/yamllint -s .
-	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml down.yml roles
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml roles
 	$(BIN)/hadolint images/*/Dockerfile
 	$(BIN)/ds4deploy render --check
 	@# Multi-node renders need per-node launch facts; example values stand in for the check.

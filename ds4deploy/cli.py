@@ -285,6 +285,28 @@ def cmd_bundle_stage_model(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nodes_plan(ns: argparse.Namespace) -> int:
+    """Validate an inventory against a recipe's nodes; print {host: {rank, role, host_ip, master_addr, ...}}."""
+    from ds4deploy.nodes import as_facts, plan_from_inventory
+    from ds4deploy.recipe import load_recipe
+
+    print(json.dumps(as_facts(plan_from_inventory(load_recipe(ns.recipe), Path(ns.inventory)))))
+    return 0
+
+
+def cmd_supervise(ns: argparse.Namespace) -> int:
+    """Watch a deployed recipe and restart its node group in order on failure (see ds4deploy.supervise)."""
+    from ds4deploy.recipe import load_recipe
+    from ds4deploy.supervise import Journal, Policy, make_target, supervise
+
+    recipe = load_recipe(ns.recipe)
+    policy = Policy(interval_s=ns.interval, failures_to_restart=ns.failures, probe_every_s=ns.probe_every,
+                    probe_timeout_s=ns.probe_timeout, max_restarts=ns.max_restarts, window_s=ns.window,
+                    backoff_s=ns.backoff)
+    journal = Journal(Path(ns.journal or f"/var/lib/ds4deploy/supervise/{recipe.name}.jsonl"))
+    return supervise(make_target(recipe, Path(ns.inventory), ns.url), policy, journal, max_cycles=ns.cycles)
+
+
 def cmd_bench_stack(ns: argparse.Namespace) -> int:
     """Measure the packaging cost of a deployed stack (see ds4deploy.bench.stack)."""
     from ds4deploy.bench.stack import run_bench_stack
@@ -434,6 +456,28 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("engine-venv", help="create .cache/engine-venv with a recipe's engine pins (host side)")
     ev.add_argument("--recipe", default="cpu")
     ev.set_defaults(func=cmd_engine_venv)
+
+    npl = sub.add_parser("nodes", help="multi-node plans").add_subparsers(dest="sub", required=True)
+    npp = npl.add_parser("plan", help="check an inventory against a recipe's nodes; print each node's launch facts")
+    npp.add_argument("recipe")
+    npp.add_argument("--inventory", required=True, help="YAML Ansible inventory (ds4_node_rank, ds4_host_ip)")
+    npp.set_defaults(func=cmd_nodes_plan)
+
+    sv = sub.add_parser("supervise", help="restart a deployed node group in order when it dies, turns unhealthy "
+                        "or stops making progress")
+    sv.add_argument("recipe")
+    sv.add_argument("--inventory", default="ansible/inventories/local.yml")
+    sv.add_argument("--url", help="the head's API (default: from the recipe and inventory)")
+    sv.add_argument("--journal", help="JSON-lines journal (default /var/lib/ds4deploy/supervise/<recipe>.jsonl)")
+    sv.add_argument("--interval", type=float, default=10, help="seconds between checks")
+    sv.add_argument("--failures", type=int, default=2, help="failed /health checks in a row before a restart")
+    sv.add_argument("--probe-every", type=float, default=30, help="seconds between progress probes")
+    sv.add_argument("--probe-timeout", type=float, default=60, help="seconds a one-token completion may take")
+    sv.add_argument("--max-restarts", type=int, default=5, help="restarts within --window before giving up")
+    sv.add_argument("--window", type=float, default=3600, help="seconds")
+    sv.add_argument("--backoff", type=float, default=10, help="first wait after a failed restart, doubling")
+    sv.add_argument("--cycles", type=int, help="stop after this many checks (default: run until stopped)")
+    sv.set_defaults(func=cmd_supervise)
 
     bp = sub.add_parser("bundle", help="air-gapped bundles").add_subparsers(dest="sub", required=True)
     bc = bp.add_parser("create", help="write images, model, wheelhouse and recipe for an offline deploy")

@@ -65,9 +65,14 @@ def engine_args(recipe: Recipe) -> list[str]:
         args += ["--reasoning-parser", s.reasoning_parser]
     if s.enable_prefix_caching is not None:
         args.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
-    if recipe.hardware.nodes > 1 and recipe.fabric is not None:
-        # Written once in the recipe (hardware.nodes, fabric.master_port), derived here.
-        args += ["--nnodes", str(recipe.hardware.nodes), "--master-port", str(recipe.fabric.master_port)]
+    if recipe.hardware.nodes > 1:
+        # Written once in the recipe (hardware.nodes, parallelism, the rendezvous port), derived here; the per-node
+        # half (rank, head address) is added by ds4deploy.render.node_files.
+        if p.multinode == "nnodes":
+            args += ["--nnodes", str(recipe.hardware.nodes), "--master-port", str(recipe.master_port)]
+        else:
+            args += ["--data-parallel-size", str(p.data), "--data-parallel-size-local", "1",
+                     "--data-parallel-rpc-port", str(recipe.master_port)]
     for name, value in s.extra_args.items():
         if value is True:
             args.append(f"--{name}")

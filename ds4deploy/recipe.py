@@ -196,11 +196,25 @@ class Model(Strict):
 
 
 class Parallelism(Strict):
-    """How the model is split: tensor x pipeline ranks over `nodes` machines."""
+    """How the model is split: tensor x pipeline ranks over `nodes` machines, times `data` replicas.
+
+    `multinode` says how several nodes form one server:
+
+    - ``nnodes``: one model split across nodes (tensor/pipeline ranks on every node), vLLM's
+      ``--nnodes/--node-rank/--master-addr/--master-port`` with headless workers (the GX10 system);
+    - ``data_parallel``: one full replica per node behind the head's API (``--data-parallel-size`` with
+      ``--data-parallel-size-local 1``, ``--data-parallel-address`` the head, headless workers with
+      ``--data-parallel-start-rank``). The vLLM CPU build 0.32 runs this across nodes; its ``nnodes`` tensor
+      parallel fails with "collective_rpc should not be called on follower node" (docs/multinode-cpu.md).
+    """
 
     tensor: int = Field(ge=1)
     pipeline: int = Field(ge=1)
     nodes: int = Field(ge=1)
+    data: int = Field(default=1, ge=1, description="data-parallel replicas in total (data_parallel: one per node)")
+    multinode: Literal["nnodes", "data_parallel"] = "nnodes"
+    master_port: int | None = Field(default=None, ge=1, le=65535,
+                                    description="rendezvous port without an RDMA fabric (data_parallel: RPC port)")
 
 
 class Speculative(Strict):
@@ -280,6 +294,20 @@ class Serving(Strict):
             )
         return self
 
+class NodeNetwork(Strict):
+    """A user-defined Docker network the nodes of a multi-node recipe join as containers: each node's engine gets
+    its DS4_HOST_IP on it. Used when the nodes are containers on one Docker host (the CI two-node stack); real
+    multi-node machines use host networking and their fabric instead."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+    subnet: str
+
+    @field_validator("subnet")
+    @classmethod
+    def _cidr(cls, v: str) -> str:
+        ipaddress.ip_network(v, strict=True)
+        return v
+
 
 class Container(Strict):
     """Container runtime settings for the engine service."""
@@ -296,6 +324,7 @@ class Container(Strict):
     restart: Literal["no", "always", "on-failure", "unless-stopped"] = "unless-stopped"
     log_max_size: str = "50m"
     log_max_files: int = Field(default=5, ge=1)
+    node_network: NodeNetwork | None = None
 
 
 class Rail(Strict):
@@ -433,7 +462,26 @@ class Recipe(Strict):
             raise ValueError(
                 f"parallelism.nodes={self.parallelism.nodes} differs from hardware.nodes={self.hardware.nodes}"
             )
+        p = self.parallelism
+        if p.nodes > 1:
+            if (self.fabric is None) == (p.master_port is None):
+                raise ValueError("a multi-node recipe needs exactly one rendezvous port: fabric.master_port (RDMA "
+                                 "fabric) or parallelism.master_port (no fabric)")
+            if p.multinode == "data_parallel" and p.data != p.nodes:
+                raise ValueError(f"parallelism.multinode data_parallel runs one replica per node: set "
+                                 f"parallelism.data to {p.nodes} (is {p.data})")
+            if self.serving.network_mode == "bridge" and self.container.node_network is None:
+                raise ValueError("a multi-node recipe with bridge networking needs container.node_network (the "
+                                 "Docker network its node containers share); real machines use network_mode: host")
+        elif p.data != 1 or p.master_port is not None or self.container.node_network is not None:
+            raise ValueError("parallelism.data, parallelism.master_port and container.node_network are for "
+                             "multi-node recipes (hardware.nodes > 1)")
         return self
+
+    @property
+    def master_port(self) -> int | None:
+        """The multi-node rendezvous port: fabric.master_port or parallelism.master_port (None on one node)."""
+        return self.fabric.master_port if self.fabric is not None else self.parallelism.master_port
 
     _source: Path | None = PrivateAttr(default=None)
 

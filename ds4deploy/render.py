@@ -116,12 +116,23 @@ def node_files(recipe: Recipe) -> dict[str, list[Service]]:
     args = engine_args(recipe)
     port = recipe.serving.port
     if recipe.hardware.nodes > 1:
-        launch = ["--node-rank", "${DS4_NODE_RANK:?set by the deploy}",
-                  "--master-addr", "${DS4_MASTER_ADDR:?set by the deploy}"]
-        env = {"VLLM_HOST_IP": "${DS4_HOST_IP:?set by the deploy}",
-               "NCCL_IB_GID_INDEX": "${DS4_NCCL_IB_GID_INDEX:?set by the deploy}"}
-        head = Service("engine", [*entry, *args, *launch], port, _http_health(recipe, port), env)
-        worker = Service("engine", [*entry, *args, *launch, "--headless"], None, WORKER_ALIVE, env)
+        rank, master = "${DS4_NODE_RANK:?set by the deploy}", "${DS4_MASTER_ADDR:?set by the deploy}"
+        env = {"VLLM_HOST_IP": "${DS4_HOST_IP:?set by the deploy}"}
+        if recipe.fabric is not None:
+            env["NCCL_IB_GID_INDEX"] = "${DS4_NCCL_IB_GID_INDEX:?set by the deploy}"
+        if recipe.hardware.gpus.count == 0:
+            # CPU engines: which cores this node's OpenMP threads bind to (vLLM envs.py VLLM_CPU_OMP_THREADS_BIND);
+            # "auto" on a machine of its own, a core list when several node containers share one host.
+            env["VLLM_CPU_OMP_THREADS_BIND"] = "${DS4_CPU_BIND:-auto}"
+        if recipe.parallelism.multinode == "nnodes":
+            head_args = [*args, "--node-rank", rank, "--master-addr", master]
+            worker_args = [*head_args, "--headless"]
+        else:
+            # One API server on the head fronts every replica (vLLM starts one per DP rank otherwise).
+            head_args = [*args, "--data-parallel-address", master, "--api-server-count", "1"]
+            worker_args = [*args, "--data-parallel-address", master, "--data-parallel-start-rank", rank, "--headless"]
+        head = Service("engine", [*entry, *head_args], port, _http_health(recipe, port), env)
+        worker = Service("engine", [*entry, *worker_args], None, WORKER_ALIVE, env)
         return {"compose.head.yaml": [head], "compose.worker.yaml": [worker]}
     if recipe.instances is not None:
         count, _ = instance_count(recipe)
@@ -154,6 +165,7 @@ def render(recipe: Recipe) -> Rendered:
         "compose_files": list(nodes),
         "engine_env": engine_env(recipe),
         "ports": [svc.port for svcs in nodes.values() for svc in svcs if svc.port is not None],
+        "master_port": recipe.master_port,
     }
     files: dict[str, str] = {}
     try:

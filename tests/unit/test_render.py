@@ -161,20 +161,21 @@ def test_numa_instances_render_one_pinned_service_each():
 
 
 def test_worker_probe_fails_without_an_engine_and_passes_with_one(tmp_path):
-    """The worker healthcheck, run for real: no --headless process -> 1; one running -> 0."""
+    """The worker healthcheck, run for real in a PID namespace of its own (as in the worker's container, where it
+    sees only that container's processes; on the host it would also see any worker container running there):
+    no --headless process -> 1; one running -> 0."""
     import subprocess
     import sys
 
     from ds4deploy.render import WORKER_ALIVE
 
     code = WORKER_ALIVE[-1]
-    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 1
-    fake = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)", "--headless"])
-    try:
-        assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
-    finally:
-        fake.kill()
-        fake.wait()
+    pidns = ["unshare", "--pid", "--fork", "--mount-proc"]
+    assert subprocess.run([*pidns, sys.executable, "-c", code], check=False).returncode == 1
+    with_engine = f"import subprocess,sys; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)', " \
+                  f"'--headless']); import time; time.sleep(0.5); sys.exit(subprocess.run([sys.executable, '-c', " \
+                  f"{code!r}]).returncode)"
+    assert subprocess.run([*pidns, sys.executable, "-c", with_engine], check=False).returncode == 0
 
 
 def test_fabric_facts_are_written_once_and_derived(recipe_dir):

@@ -1,0 +1,253 @@
+"""Supervise a deployed recipe: detect a dead, unhealthy or wedged node group and restart it whole, in order.
+
+Why a supervisor of our own, on the control host, and not Docker's restart policy or one systemd unit per node:
+a multi-node engine only recovers when the whole group restarts in the proven order (stop the head, stop the
+workers, start the workers, start the head). A worker restarted under a running head tears down the head's
+rendezvous; a restart policy sees one container and restarts it alone, forever (SEEDS.md GX10 system;
+docs/multinode-cpu.md measured the same on the CPU build). The order lives in the playbooks (ansible/restart.yml),
+so the supervisor only decides *when* and runs that playbook; it never starts containers itself. Run it as a
+service on the control host (`ds4deploy supervise <recipe> --inventory ...`; e.g. a systemd unit with
+Restart=on-failure) or in the foreground.
+
+What counts as a failure, checked every `interval_s`:
+
+- ``engine-down``: a node's engine container is not running (exited, killed, removed);
+- ``unhealthy``: the head's GET /health fails or is not 200 `failures_to_restart` times in a row;
+- ``wedged``: /health answers but a one-token completion (the progress probe, every `probe_every_s`) gets no answer
+  within `probe_timeout_s`: the "API up, pair stuck" state of an NCCL timeout (SEEDS.md GX10 system).
+
+Restarts back off exponentially (`backoff_s` doubling up to `backoff_max_s`) and stop after `max_restarts` within
+`window_s`: the supervisor then records ``gave-up`` and exits 3, so whatever runs it can alert a human. Every event
+is one JSON line in the journal (default /var/lib/ds4deploy/supervise/<recipe>.jsonl): time, event, reason,
+details, restart duration and outcome.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ds4deploy.errors import UserError
+from ds4deploy.nodes import Node, plan_from_inventory
+from ds4deploy.recipe import REPO_ROOT, Recipe
+from ds4deploy.render import project_name
+from ds4deploy.secrets import parse_env_file
+
+GAVE_UP_EXIT = 3
+
+
+@dataclass
+class Policy:
+    """Supervision timing. Seconds throughout.
+
+    Defaults: a 10 s check (the compose healthcheck interval, ds4deploy.render.HEALTHCHECK), 2 misses before a
+    restart (one miss can be a GC pause), a progress probe every 30 s allowed 60 s (a one-token completion takes
+    milliseconds on an idle server and seconds on a loaded one), backoff 10 s doubling to 300 s, at most 5 restarts
+    per hour before a human must look.
+    """
+
+    interval_s: float = 10
+    failures_to_restart: int = 2
+    probe_every_s: float = 30
+    probe_timeout_s: float = 60
+    backoff_s: float = 10
+    backoff_max_s: float = 300
+    max_restarts: int = 5
+    window_s: float = 3600
+    restart_timeout_s: float = 3600
+
+
+@dataclass
+class Journal:
+    """Append-only JSON-lines record of what the supervisor saw and did."""
+
+    path: Path
+
+    def write(self, event: str, **fields) -> dict:
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "t": round(time.time(), 3),
+               "event": event, **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec), flush=True)
+        return rec
+
+
+@dataclass
+class Target:
+    """What to watch: the head's API, every node's engine container, how to restart the group."""
+
+    recipe: Recipe
+    inventory: Path
+    nodes: list[Node]
+    url: str
+    key: str | None
+    hosts: dict[str, dict] = field(default_factory=dict)
+
+    def container_states(self) -> dict[str, str]:
+        """Node name -> state of its engine container ("running", "exited", "paused", "missing", ...).
+
+        Local nodes (ansible_connection: local) are asked through the local Docker daemon; remote ones through
+        ``DOCKER_HOST=ssh://<ansible_host>`` (Docker's own ssh transport; needs the control host's ssh access).
+        """
+        out = {}
+        for node in self.nodes:
+            hv = self.hosts.get(node.name, {})
+            env = dict(os.environ)
+            if hv.get("ansible_connection") != "local" and node.name not in ("localhost", "127.0.0.1"):
+                user = f"{hv['ansible_user']}@" if hv.get("ansible_user") else ""
+                env["DOCKER_HOST"] = f"ssh://{user}{hv.get('ansible_host', node.name)}"
+            project = project_name(self.recipe) + ("" if node.role == "single" else f"-node{node.rank}")
+            try:
+                proc = subprocess.run(
+                    ["docker", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
+                     "--format", "{{.State}}"], capture_output=True, text=True, env=env, timeout=30, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                out[node.name] = f"unknown ({exc})"
+                continue
+            states = proc.stdout.split()
+            out[node.name] = states[0] if proc.returncode == 0 and states else (
+                "missing" if proc.returncode == 0 else f"unknown ({proc.stderr.strip()[:100]})")
+        return out
+
+    def health(self, timeout_s: float = 5) -> tuple[bool, str]:
+        """GET /health on the head: (ok, detail)."""
+        try:
+            r = httpx.get(f"{self.url}/health", timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            return False, f"GET /health: {type(exc).__name__}"
+        return r.status_code == 200, f"GET /health -> {r.status_code}"
+
+    def progress(self, timeout_s: float) -> tuple[bool, str]:
+        """One-token completion through the head: (made progress, detail)."""
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        body = {"model": self.recipe.model.served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(f"{self.url}/v1/completions", json=body, headers=headers, timeout=timeout_s)
+        except httpx.TimeoutException:
+            return False, f"no completion within {timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            return False, f"completion failed: {type(exc).__name__}"
+        if r.status_code != 200:
+            return False, f"completion -> HTTP {r.status_code}"
+        return True, f"one-token completion in {time.monotonic() - t0:.2f} s"
+
+    def restart(self, timeout_s: float, log: Path) -> tuple[bool, float]:
+        """Run ansible/restart.yml (stop head, stop workers, start workers, start head). Returns (ok, seconds)."""
+        cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory),
+               str(REPO_ROOT / "ansible" / "restart.yml"), "-e", f"recipe={self.recipe.name}"]
+        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible" / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        t0 = time.monotonic()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as fh:
+            try:
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s,
+                                    check=False).returncode
+            except subprocess.TimeoutExpired:
+                rc = -1
+        return rc == 0, time.monotonic() - t0
+
+
+def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
+    """Where the control host reaches the head's API: the bound address, or the head machine for 0.0.0.0."""
+    from ds4deploy.net import base_url
+
+    head = next(n for n in nodes if n.role in ("head", "single"))
+    addr = recipe.serving.bind_address
+    if addr in ("0.0.0.0", "::"):  # noqa: S104 (an address we read, not one we bind)
+        hv = hosts.get(head.name, {})
+        addr = "127.0.0.1" if hv.get("ansible_connection") == "local" else hv.get("ansible_host", head.name)
+    return base_url(addr, recipe.serving.port)
+
+
+def make_target(recipe: Recipe, inventory: Path, url: str | None = None) -> Target:
+    """Plan the nodes from the inventory and find the head's URL and the API key.
+
+    Raises:
+        UserError: the inventory does not fit the recipe; the key file is unreadable.
+    """
+    from ds4deploy.preflight import load_inventory
+
+    hosts = load_inventory(inventory)
+    nodes = plan_from_inventory(recipe, inventory)
+    key = None
+    if recipe.serving.auth.mode == "api_key":
+        try:
+            key = parse_env_file(Path(recipe.key_file).read_text()).get("VLLM_API_KEY")
+        except OSError as exc:
+            raise UserError(f"cannot read the API key {recipe.key_file}: {exc.strerror}",
+                            "run the supervisor as root on a host that holds the key (the head or the control host "
+                            "of a local deployment)") from None
+    return Target(recipe, inventory, nodes, url or head_url(recipe, nodes, hosts), key, hosts)
+
+
+def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int | None = None,
+              sleep=time.sleep) -> int:
+    """Watch `target` until interrupted; restart the group on failures. Returns the exit code (3 = gave up).
+
+    Args:
+        max_cycles: stop after this many checks (tests); None = forever.
+    """
+    misses = 0
+    restarts: list[float] = []
+    backoff = policy.backoff_s
+    last_probe = 0.0
+    healthy_since: float | None = None
+    log = journal.path.with_suffix(".restart.log")
+    journal.write("start", recipe=target.recipe.name, url=target.url,
+                  nodes={n.name: n.role for n in target.nodes}, policy=policy.__dict__)
+    cycle = 0
+    while max_cycles is None or cycle < max_cycles:
+        cycle += 1
+        reason, detail = None, ""
+        states = target.container_states()
+        down = {name: st for name, st in states.items() if st != "running"}
+        if down:
+            reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
+        else:
+            ok, detail = target.health()
+            if not ok:
+                misses += 1
+                if misses >= policy.failures_to_restart:
+                    reason = "unhealthy"
+            else:
+                misses = 0
+                now = time.monotonic()
+                if now - last_probe >= policy.probe_every_s:
+                    last_probe = now
+                    progressed, pdetail = target.progress(policy.probe_timeout_s)
+                    if not progressed:
+                        reason, detail = "wedged", f"{detail}, but {pdetail}"
+        if reason is None:
+            if misses == 0:
+                healthy_since = healthy_since or time.monotonic()
+                if time.monotonic() - healthy_since >= policy.backoff_max_s:
+                    backoff = policy.backoff_s  # stable again: forget the backoff
+            sleep(policy.interval_s)
+            continue
+        healthy_since = None
+        now = time.monotonic()
+        restarts = [t for t in restarts if now - t < policy.window_s]
+        if len(restarts) >= policy.max_restarts:
+            journal.write("gave-up", reason=reason, detail=detail,
+                          restarts_in_window=len(restarts), window_s=policy.window_s)
+            return GAVE_UP_EXIT
+        journal.write("failure", reason=reason, detail=detail, states=states)
+        restarts.append(now)
+        ok, took = target.restart(policy.restart_timeout_s, log)
+        journal.write("restarted" if ok else "restart-failed", reason=reason, seconds=round(took, 1),
+                      log=str(log))
+        misses = 0
+        last_probe = time.monotonic()
+        if not ok:
+            sleep(backoff)
+            backoff = min(backoff * 2, policy.backoff_max_s)
+    return 0
