@@ -9,6 +9,8 @@
 #   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
+#   make deploy RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml   two nodes (workers first)
+#   make bench-multinode      time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md
 #   make check INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=hosts|groups]  one table per host
 #   make test-hosts           provision two netns test hosts (GX10 rails), rail checks, injected faults
 
@@ -29,7 +31,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bundle clean check test-hosts
+.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bench-multinode bundle clean check test-hosts
 
 help:
 	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
@@ -90,7 +92,8 @@ unit: venv $(ENGINE_VENV)/.pins
 	$(BIN)/pytest -q tests/unit
 
 # Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then
-# (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline).
+# (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline), and
+# deploys the two-node stack, breaks it three ways under the supervisor and starts a head alone (tests/multinode).
 e2e: venv
 	$(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; \
@@ -98,12 +101,17 @@ e2e: venv
 	[ $$status -ne 0 ] || $(BIN)/pytest -q tests/e2e || status=$$?; \
 	$(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || $(BIN)/pytest -q tests/offline || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || $(BIN)/pytest -q tests/multinode || status=$$?; \
 	exit $$status
 
-test: lint unit e2e
+test: lint unit e2e test-hosts
 
 base-image:
 	images/base/build-base.sh
+
+# Time to healthy for one and two nodes and recovery from a killed worker -> docs/benchmarks.md (image built first).
+bench-multinode: venv
+	REPEATS=$(or $(REPEATS),2) $(BIN)/python -m ds4deploy.bench.multinode
 
 bundle: venv
 	$(BIN)/ds4deploy bundle create $(RECIPE) --dest $(BUNDLE)

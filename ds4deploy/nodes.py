@@ -91,10 +91,12 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
         with one address, one machine listed twice (unless the recipe's nodes are containers).
     """
     n = recipe.hardware.nodes
-    inv = "in the inventory"
     if n == 1:
         # A one-node recipe: every inventory host runs its own complete stack (compose.yaml).
         return [Node(name, 0, "single", "", "", "compose.yaml", name) for name in sorted(hosts)]
+    if hosts and not any(hv.get("ds4_node_rank") == 0 for hv in hosts.values()):
+        raise UserError(f"no head in the inventory: none of {', '.join(sorted(hosts))} has ds4_node_rank 0",
+                        "add the head node (the one that serves the API) with ds4_node_rank: 0")
     if len(hosts) != n:
         raise UserError(f"recipe '{recipe.name}' runs on {n} nodes but the inventory has {len(hosts)} host(s): "
                         f"{', '.join(sorted(hosts)) or 'none'}",
@@ -109,9 +111,6 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
             raise UserError(f"inventory hosts {ranks[r]} and {name} both have ds4_node_rank {r}",
                             "give every host a distinct ds4_node_rank: 0 for the head, 1.. for the workers")
         ranks[r] = name
-    if 0 not in ranks:
-        raise UserError(f"no head {inv}: no host has ds4_node_rank 0",
-                        "set ds4_node_rank: 0 on the node that serves the API")
     ips: dict[str, str] = {}
     machines: dict[str, str] = {}
     nodes_by_rank: dict[int, tuple[str, str, str]] = {}
