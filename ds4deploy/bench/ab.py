@@ -32,7 +32,6 @@ import asyncio
 import json
 import secrets
 import sys
-import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,7 +44,7 @@ from ds4deploy.bench.lock import ServerLock
 from ds4deploy.bench.prompts import CONTENT_TYPES, TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.report import atomic_write_text
 from ds4deploy.bench.run import check_server, read_key
-from ds4deploy.bench.stream import RequestResult, StreamParser, error_text
+from ds4deploy.bench.stream import RequestResult, StreamParser, error_text, feed_stream
 from ds4deploy.errors import UserError
 
 BOOTSTRAP_RESAMPLES = 2000
@@ -134,18 +133,7 @@ async def one_request(session: aiohttp.ClientSession, side: Side, payload: dict,
     (completion tokens / request latency). Server and network failures come back with ``ok`` False."""
     result = RequestResult(index=index)
     parser = TextParser(result, payload.get("max_tokens"))
-    t0 = time.perf_counter()
-    try:
-        async with session.post(f"{side.url}/v1/chat/completions", json=payload) as resp:
-            result.http_status = resp.status
-            if resp.status != 200:
-                result.error = error_text(await resp.read(), resp.status)
-            else:
-                async for raw in resp.content:
-                    parser.feed(raw.decode("utf-8", errors="replace"), time.perf_counter() - t0)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    r = parser.finish(time.perf_counter() - t0)
+    r = parser.finish(await feed_stream(session, f"{side.url}/v1/chat/completions", payload, result, parser))
     d = r.as_dict()
     d["text"] = "".join(parser.parts)
     d["output_tok_s"] = (r.completion_tokens / r.e2e_s) if r.ok and r.completion_tokens and r.e2e_s else None

@@ -157,6 +157,15 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
     client shares cores with the engine, that is throughput taken from the server under test."""
     result = RequestResult(index=index)
     parser = StreamParser(result, payload.get("max_tokens"))
+    return parser.finish(await feed_stream(session, url, payload, result, parser))
+
+
+async def feed_stream(session: aiohttp.ClientSession, url: str, payload: dict, result: RequestResult,
+                      parser: StreamParser) -> float:
+    """POST `payload` to `url` and feed every streamed line to `parser` with its time since the send.
+
+    Sets ``result.start_s`` (perf_counter at the send) and ``result.http_status``; a non-200 answer, a broken stream
+    or a line over aiohttp's 64 KiB limit (ValueError) lands in ``result.error``. Returns seconds since the send."""
     t0 = time.perf_counter()
     result.start_s = t0
     try:
@@ -169,7 +178,7 @@ async def stream_request(session: aiohttp.ClientSession, url: str, payload: dict
                     parser.feed(raw.decode("utf-8", errors="replace"), time.perf_counter() - t0)
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:  # ValueError: a line over 64 KiB
         result.error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return parser.finish(time.perf_counter() - t0)
+    return time.perf_counter() - t0
 
 
 async def run_closed_loop(payloads: list[dict], concurrency: int, session: aiohttp.ClientSession, url: str,
