@@ -42,6 +42,7 @@ from pathlib import Path
 
 import yaml
 
+from ds4deploy.docs_section import write_section
 from ds4deploy.verify import CHUNK, default_workers
 
 REPO = Path(__file__).resolve().parents[1]
@@ -381,13 +382,7 @@ def markdown(doc: dict) -> str:
 def write_outputs(doc: dict, json_path: Path, md_path: Path) -> None:
     """Write the JSON and replace the marked section of the markdown file (created with a title if absent)."""
     json_path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
-    section = markdown(doc)
-    text = md_path.read_text(encoding="utf-8") if md_path.is_file() else "# Model verification benchmark\n\n"
-    if BEGIN in text and END in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END) + 1:]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    md_path.write_text(text, encoding="utf-8")
+    write_section(md_path, BEGIN, END, markdown(doc), "Model verification benchmark")
 
 
 def main(argv: list[str] | None = None) -> int:

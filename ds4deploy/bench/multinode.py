@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import yaml
 
+from ds4deploy.docs_section import write_section
 from ds4deploy.recipe import REPO_ROOT
 from ds4deploy.secrets import parse_env_file
 
@@ -108,12 +109,7 @@ def run(repeats: int = 2, out_json: Path | None = None, out_md: Path | None = No
                f"{rows}\n\nDetection is the supervisor's 2 s container check; the group restart is "
                "ansible/restart.yml (stop head, stop worker, start worker, wait for its headless marker, start head, "
                f"wait for /health).\n{END}")
-    text = out_md.read_text() if out_md.exists() else ""
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + section + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    out_md.write_text(text)
+    write_section(out_md, BEGIN, END, section, "Benchmarks")
     return res
 
 

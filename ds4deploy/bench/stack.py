@@ -37,6 +37,7 @@ from pathlib import Path
 import httpx
 import openai
 
+from ds4deploy.docs_section import write_section
 from ds4deploy.engine_venv import ensure_engine_venv
 from ds4deploy.errors import UserError
 from ds4deploy.image import LOCAL_BASE_IMAGE
@@ -272,11 +273,4 @@ def write_report(res: dict, md_path: Path) -> None:
         "Raw per-run numbers: `docs/bench-stack.json`.",
         MARK_END,
     ]
-    section = "\n".join(lines)
-    text = md_path.read_text() if md_path.is_file() else "# Benchmarks\n\n"
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    md_path.write_text(text)
+    write_section(md_path, MARK_BEGIN, MARK_END, "\n".join(lines), "Benchmarks")

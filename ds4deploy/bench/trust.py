@@ -41,6 +41,7 @@ import yaml
 
 from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.run import read_key
+from ds4deploy.docs_section import write_section
 from ds4deploy.recipe import REPO_ROOT, load_recipe
 
 MARK_BEGIN = "<!-- bench-trust:begin -->"
@@ -212,14 +213,7 @@ def write_doc(res: dict, path: Path) -> None:
         "Raw numbers: `docs/bench-harness.json`.",
         MARK_END,
     ]
-    section = "\n".join(lines)
-    text = path.read_text() if path.is_file() else "# The benchmark harness\n\n"
-    if MARK_BEGIN in text:
-        head, rest = text.split(MARK_BEGIN, 1)
-        text = head + section + rest.split(MARK_END, 1)[1]
-    else:
-        text = text.rstrip("\n") + "\n\n" + section + "\n"
-    path.write_text(text)
+    write_section(path, MARK_BEGIN, MARK_END, "\n".join(lines), "The benchmark harness")
 
 
 def main(argv: list[str] | None = None) -> int:
