@@ -19,7 +19,16 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ds4deploy.errors import UserError
 
@@ -294,19 +303,22 @@ class Serving(Strict):
             )
         return self
 
+def _cidr(v: str) -> str:
+    ipaddress.ip_network(v, strict=True)  # ValueError names the bad network, e.g. host bits set
+    return v
+
+
+# An IPv4/IPv6 network in CIDR form with no host bits set, e.g. 192.168.100.0/24.
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
 class NodeNetwork(Strict):
     """A user-defined Docker network the nodes of a multi-node recipe join as containers: each node's engine gets
     its DS4_HOST_IP on it. Used when the nodes are containers on one Docker host (the CI two-node stack); real
     multi-node machines use host networking and their fabric instead."""
 
     name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
-    subnet: str
-
-    @field_validator("subnet")
-    @classmethod
-    def _cidr(cls, v: str) -> str:
-        ipaddress.ip_network(v, strict=True)
-        return v
+    subnet: Cidr
 
 
 class Container(Strict):
@@ -333,14 +345,8 @@ class Rail(Strict):
     name: str
     netdev: str
     hcas: list[str] = Field(min_length=1)
-    subnet: str
+    subnet: Cidr
     mtu: int = Field(ge=576, le=9216)
-
-    @field_validator("subnet")
-    @classmethod
-    def _cidr(cls, v: str) -> str:
-        ipaddress.ip_network(v, strict=True)
-        return v
 
 
 class Fabric(Strict):
