@@ -389,6 +389,38 @@ def cmd_fabric_gid_index(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fabric_dump_command(ns: argparse.Namespace) -> int:
+    """Print the shell command that dumps a node's GID table under --sysfs; nothing when RECIPE has no fabric."""
+    from ds4deploy.checks.fabric import gid_dump_command
+    from ds4deploy.recipe import load_recipe
+
+    if load_recipe(ns.recipe).fabric is not None:
+        print(gid_dump_command(ns.sysfs))
+    return 0
+
+
+def cmd_fabric_launch_env(ns: argparse.Namespace) -> int:
+    """Print a node's resolved fabric launch facts as JSON (`ds4deploy.checks.fabric.launch_env`)."""
+    from ds4deploy.checks.fabric import launch_env
+    from ds4deploy.recipe import load_recipe
+
+    try:
+        rails = json.loads(ns.rails)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--rails is not JSON: {exc}", "pass the host's ds4_rails as JSON, e.g. "
+                        "'{\"rail0\": {\"address\": \"192.168.100.1\"}}'") from None
+    if not isinstance(rails, dict):
+        raise UserError(f"--rails is {type(rails).__name__}, not a mapping of rail name to {{address: ...}}",
+                        "pass the host's ds4_rails as a JSON object")
+    try:
+        dump = sys.stdin.read() if ns.dump_file == "-" else Path(ns.dump_file).read_text()
+    except OSError as exc:
+        raise UserError(f"cannot read --dump-file {ns.dump_file}: {exc.strerror or exc}",
+                        "pass the file written from `ds4deploy fabric dump-command`'s output, or - for stdin") from None
+    print(json.dumps(launch_env(load_recipe(ns.recipe), ns.node, rails, dump, ns.sysfs)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every ds4deploy command."""
     p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
@@ -572,6 +604,20 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--ipv4", required=True, help="the rail's IPv4 address on this node")
     fg.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
     fg.set_defaults(func=cmd_fabric_gid_index)
+    fd = fb.add_parser("dump-command", help="print the read-only shell command that dumps a node's GID table "
+                       "(nothing when the recipe has no fabric)")
+    fd.add_argument("recipe")
+    fd.add_argument("--sysfs", default="/sys", help="sysfs root on the node (default /sys)")
+    fd.set_defaults(func=cmd_fabric_dump_command)
+    fl = fb.add_parser("launch-env", help="resolve a node's NCCL_IB_GID_INDEX (every HCA of every rail) from its "
+                       "GID table dump; prints JSON {env, hcas}")
+    fl.add_argument("recipe")
+    fl.add_argument("--node", required=True, help="inventory host name (for messages)")
+    fl.add_argument("--rails", required=True, help="the host's ds4_rails as JSON: {rail: {address: a.b.c.d}}")
+    fl.add_argument("--dump-file", required=True, help="output of `ds4deploy fabric dump-command` on the node "
+                    "(- = stdin)")
+    fl.add_argument("--sysfs", default="/sys", help="sysfs root the dump was taken under (default /sys)")
+    fl.set_defaults(func=cmd_fabric_launch_env)
     return p
 
 

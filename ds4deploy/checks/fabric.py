@@ -48,14 +48,28 @@ IB_BASE_PORT = 18515  # perftest's default port; rail i uses IB_BASE_PORT + i
 NCCL_BUSBW_PER_RDMA = 0.85
 EINVAL_MARK = "#EINVAL"
 
-# Dump every GID slot's gid, type and ndev as "<path>\t<value>", or "\t#EINVAL" when the read fails with EINVAL.
-_GID_DUMP = (
-    "for f in /sys/class/infiniband/*/ports/*/gids/* /sys/class/infiniband/*/ports/*/gid_attrs/types/* "
-    "/sys/class/infiniband/*/ports/*/gid_attrs/ndevs/*; do [ -e \"$f\" ] || continue; "
-    "if v=$(cat \"$f\" 2>&1); then printf '%s\\t%s\\n' \"$f\" \"$v\"; "
-    "else case \"$v\" in *'Invalid argument'*) printf '%s\\t#EINVAL\\n' \"$f\";; "
-    "*) printf '%s\\t#ERR %s\\n' \"$f\" \"$v\";; esac; fi; done"
-)
+def gid_dump_command(sysfs: str | Path = "/sys") -> str:
+    """The shell command that dumps every GID slot's gid, type and ndev under ``<sysfs>/class/infiniband``.
+
+    One line per file, ``<path>\\t<value>``; ``<path>\\t#EINVAL`` when the read fails with EINVAL (an empty slot,
+    see `ds4deploy.parsers.gids`), ``<path>\\t#ERR <text>`` for any other failed read; no output when the node has
+    no RDMA device. Read-only; POSIX sh. The one copy of this command: the fabric checks run it over their target,
+    the deploy (ansible/roles/stack/tasks/launch_env.yml) asks `ds4deploy fabric dump-command` for it.
+
+    Args:
+        sysfs: the sysfs root on the node (``/sys``; tests point it at a fixture tree laid out the same way).
+    """
+    base = shlex.quote(str(sysfs).rstrip("/")) + "/class/infiniband/*/ports/*"
+    return (
+        f"for f in {base}/gids/* {base}/gid_attrs/types/* {base}/gid_attrs/ndevs/*; do [ -e \"$f\" ] || continue; "
+        "if v=$(cat \"$f\" 2>&1); then printf '%s\\t%s\\n' \"$f\" \"$v\"; "
+        "else case \"$v\" in *'Invalid argument'*) printf '%s\\t#EINVAL\\n' \"$f\";; "
+        "*) printf '%s\\t#ERR %s\\n' \"$f\" \"$v\";; esac; fi; done"
+    )
+
+
+# The dump of this host's /sys, as the fabric checks run it.
+_GID_DUMP = gid_dump_command()
 
 
 def rdma_devices(target: Target) -> list[str]:
@@ -64,25 +78,27 @@ def rdma_devices(target: Target) -> list[str]:
     return out.stdout.split() if out.ok else []
 
 
-def gid_table_from_dump(dump: str) -> list[GidEntry]:
-    """Rebuild a host's GID table from `_GID_DUMP` output and read it with `read_gid_table`.
+def gid_table_from_dump(dump: str, sysfs: str | Path = "/sys") -> list[GidEntry]:
+    """Rebuild a host's GID table from `gid_dump_command` output and read it with `read_gid_table`.
 
     Args:
-        dump: lines ``/sys/class/infiniband/<hca>/ports/<p>/<file>\\t<value>``; ``#EINVAL`` marks a read that failed
-            with EINVAL on the host, ``#ERR <text>`` any other failed read.
+        dump: lines ``<sysfs>/class/infiniband/<hca>/ports/<p>/<file>\\t<value>``; ``#EINVAL`` marks a read that
+            failed with EINVAL on the host, ``#ERR <text>`` any other failed read. Other lines are ignored.
+        sysfs: the root the dump was taken under (the ``sysfs`` given to `gid_dump_command`).
 
     Raises:
         UserError: a read failed with something other than EINVAL (as `read_gid_table` does), or a malformed GID.
     """
     import errno
 
+    prefix = str(sysfs).rstrip("/") + "/"
     with tempfile.TemporaryDirectory(prefix="ds4deploy-gids-") as tmp:
         root = Path(tmp)
         for line in dump.splitlines():
             path, sep, value = line.partition("\t")
-            if not sep or not path.startswith("/sys/class/infiniband/"):
+            if not sep or not path.startswith(prefix + "class/infiniband/") or "/../" in path:
                 continue
-            dest = root / path.removeprefix("/sys/")
+            dest = root / path.removeprefix(prefix)
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_text(value + "\n")
 
@@ -333,3 +349,74 @@ def resolve_gid_index(hca: str, ipv4: str, sysfs: str | Path = "/sys") -> int:
         raise UserError(f"{NO_RDMA}: {sysfs}/class/infiniband does not exist",
                         "run this on a node with its RDMA (RoCE) ports, with the mlx5_ib module loaded")
     return roce_v2_gid_index(table, hca, ipv4)
+
+
+# NVIDIA NCCL user guide, Environment Variables (docs/env.rst): NCCL_IB_GID_INDEX "defines the Global ID index used
+# in RoCE mode" - one value for every HCA of the process; NCCL_IB_ADDR_FAMILY and NCCL_IB_ROCE_VERSION_NUM (since
+# 2.21) choose the GID NCCL picks per HCA "when NCCL_IB_GID_INDEX is left unset".
+NCCL_ENV_DOCS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
+NOTHING_STARTED = "Nothing was started on any node."
+
+
+def launch_env(recipe: Recipe, node: str, rails: dict, dump: str, sysfs: str | Path = "/sys") -> dict:
+    """The per-node launch facts of a fabric recipe, resolved from that node's own GID table.
+
+    Every HCA of every rail of ``recipe.fabric`` is resolved against the node's address on that rail with
+    `roce_v2_gid_index`; NCCL_IB_GID_INDEX is a single value per engine process, so all of them must agree.
+    The index may differ between nodes (3 on one GB10 and 4 on its peer, see `ds4deploy.parsers.gids`): each node
+    gets its own.
+
+    Args:
+        recipe: the deployed recipe.
+        node: inventory host name (for the messages).
+        rails: the host's ``ds4_rails`` inventory value, ``{<rail name>: {"address": "a.b.c.d", ...}}``.
+        dump: the node's `gid_dump_command` output (empty: the node has no RDMA device).
+        sysfs: the root the dump was taken under.
+
+    Returns:
+        ``{"env": {"DS4_NCCL_IB_GID_INDEX": "<n>"}, "hcas": [{"rail", "hca", "address", "gid_index"}, ...]}``;
+        ``{"env": {}, "hcas": []}`` for a recipe without a fabric section.
+
+    Raises:
+        UserError: no RDMA device on the node, a rail without an address, an HCA without (or with several) RoCE v2
+            GIDs of the rail address, or HCAs of one node resolving to different indexes; every cause names the
+            node, every fix ends with "Nothing was started".
+    """
+    if recipe.fabric is None:
+        return {"env": {}, "hcas": []}
+    wanted = [(rail, hca) for rail in recipe.fabric.rails for hca in rail.hcas]
+    root = str(sysfs).rstrip("/")
+    if not dump.strip():
+        raise UserError(
+            f"{node}: {NO_RDMA}: no GID table under {root}/class/infiniband, but recipe {recipe.name} runs NCCL over "
+            f"RoCE HCAs {', '.join(hca for _, hca in wanted)}",
+            "check the node's ConnectX ports with `rdma link show` / `ls /sys/class/infiniband` (mlx5_ib loaded, "
+            f"ports cabled and up), or deploy a recipe without a fabric section to this node. {NOTHING_STARTED}",
+        )
+    table = gid_table_from_dump(dump, sysfs)
+    resolved = []
+    for rail, hca in wanted:
+        address = ((rails or {}).get(rail.name) or {}).get("address")
+        if not address:
+            raise UserError(f"{node}: no ds4_rails.{rail.name}.address in the inventory (rail {rail.name} on "
+                            f"{rail.netdev}, HCA {hca})",
+                            f"give {node} its address on every rail (ds4_rails: {{{rail.name}: {{address: a.b.c.d}}}})"
+                            f". {NOTHING_STARTED}")
+        try:
+            index = roce_v2_gid_index(table, hca, str(address))
+        except UserError as exc:
+            raise UserError(f"{node}: {exc.cause}", f"{exc.fix}; then deploy again. {NOTHING_STARTED}") from exc
+        resolved.append({"rail": rail.name, "hca": hca, "address": str(address), "gid_index": index})
+    indexes = sorted({r["gid_index"] for r in resolved})
+    if len(indexes) > 1:
+        found = ", ".join(f"{r['hca']}={r['gid_index']} ({r['rail']} {r['address']})" for r in resolved)
+        raise UserError(
+            f"{node}: the RoCE v2 GID indexes of its HCAs differ ({found}); NCCL_IB_GID_INDEX is one value for "
+            "every HCA of the engine, so some HCAs would use a wrong GID",
+            "make the rail netplan identical on every port (no extra address, VLAN or macvlan on one rail netdev), "
+            "re-apply it (`ansible-playbook ansible/provision.yml --tags rails`, or `netplan apply` on the node) and "
+            "check each HCA with `ds4deploy fabric gid-index --hca <hca> --ipv4 <address>` on the node; or leave "
+            "NCCL_IB_GID_INDEX unset so NCCL (>= 2.21) picks each HCA's GID from NCCL_IB_ADDR_FAMILY=AF_INET and "
+            f"NCCL_IB_ROCE_VERSION_NUM=2 ({NCCL_ENV_DOCS}; needs a render change). {NOTHING_STARTED}",
+        )
+    return {"env": {"DS4_NCCL_IB_GID_INDEX": str(indexes[0])}, "hcas": resolved}

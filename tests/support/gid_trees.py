@@ -1,0 +1,67 @@
+"""GID-table trees and recipes for the launch-env tests (unit and Ansible level).
+
+The trees are the real published layouts under tests/unit/fixtures/sysfs (see its README). A peer whose index
+moved is modelled by copying a real tree and changing only the slot index of the rail's GID (the files of slot
+``old`` and slot ``new`` trade places); nothing else is changed, so the GIDs still carry spark-0e68's addresses.
+
+The fixture recipes are recipes/gx10x2-ds4-flash-fp8.yaml with only its ``fabric.rails`` / ``fabric.nccl_ib_hca``
+pointed at the HCAs and addresses the published tables hold (the real recipe names HCAs rocep1s0f0 etc. that the
+published tables do not show).
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SYSFS = REPO / "tests" / "unit" / "fixtures" / "sysfs"
+GB10 = SYSFS / "gb10-spark-0e68"
+K8S = SYSFS / "k8s-macvlan-pod"
+GX10_RECIPE = REPO / "recipes" / "gx10x2-ds4-flash-fp8.yaml"
+
+# spark-0e68's rail addresses as published: rail A 10.100.184.1 on rocep1s0f1, rail B 10.100.185.1 on roceP2p1s0f1.
+GB10_RAILS = {"rail0": {"address": "10.100.184.1"}, "rail1": {"address": "10.100.185.1"}}
+GB10_FABRIC_RAILS = [
+    {"name": "rail0", "netdev": "enp1s0f1np1", "hcas": ["rocep1s0f1"], "subnet": "10.100.184.0/24", "mtu": 9000},
+    {"name": "rail1", "netdev": "enP2p1s0f1np1", "hcas": ["roceP2p1s0f1"], "subnet": "10.100.185.0/24", "mtu": 9000},
+]
+# NVIDIA/nccl #1573 pod: net1 10.152.0.12 on mlx5_0, net2 10.152.4.12 on mlx5_1 (RoCE v2 at index 7 on both).
+K8S_RAILS = {"rail0": {"address": "10.152.0.12"}, "rail1": {"address": "10.152.4.12"}}
+K8S_FABRIC_RAILS = [
+    {"name": "rail0", "netdev": "net1", "hcas": ["mlx5_0"], "subnet": "10.152.0.0/22", "mtu": 9000},
+    {"name": "rail1", "netdev": "net2", "hcas": ["mlx5_1"], "subnet": "10.152.4.0/22", "mtu": 9000},
+]
+
+
+def moved_slot(src: Path, dest: Path, hcas: list[str], old: int, new: int) -> Path:
+    """Copy the sysfs tree `src` to `dest` and, for each HCA in `hcas`, swap GID slots `old` and `new`.
+
+    Returns `dest` (a sysfs root). Only the slot index changes: gids/, gid_attrs/types/ and gid_attrs/ndevs/
+    entries move together; a slot that did not exist in `src` does not exist after the swap either.
+    """
+    shutil.copytree(src, dest)
+    for hca in hcas:
+        port = dest / "class" / "infiniband" / hca / "ports" / "1"
+        for sub in ("gids", "gid_attrs/types", "gid_attrs/ndevs"):
+            a, b, tmp = port / sub / str(old), port / sub / str(new), port / sub / "swap"
+            if a.exists():
+                a.rename(tmp)
+            if b.exists():
+                b.rename(a)
+            if tmp.exists():
+                tmp.rename(b)
+    return dest
+
+
+def fixture_recipe(dest: Path, rails: list[dict], name: str = "gx10x2-ds4-flash-fp8") -> Path:
+    """Write the GX10 recipe with its fabric rails (and NCCL_IB_HCA) replaced by `rails`; returns the file."""
+    data = yaml.safe_load(GX10_RECIPE.read_text())
+    data["name"] = name
+    data["fabric"]["rails"] = rails
+    data["fabric"]["nccl_ib_hca"] = [hca for rail in rails for hca in rail["hcas"]]
+    path = dest / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
