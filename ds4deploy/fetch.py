@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ds4deploy.errors import UserError
+from ds4deploy.holder_lock import HolderLock
 from ds4deploy.recipe import Recipe
 
 GB = 10**9  # decimal gigabyte: what disk vendors, `df -H` and the hub's sizes use
@@ -144,11 +145,12 @@ def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, wor
         A `FetchResult`.
     Raises:
         UserError: unpinned or mismatched revision (code 2), no room (code 2), hub errors (code 2), files that
-            differ from the manifest after download (code 1, each named with expected and actual digest).
+            differ from the manifest after download (code 1, each named with expected and actual digest),
+            another fetch into `dest` running (code 2, the holder's pid and command named).
     """
     import sys
 
-    from ds4deploy import hub, verify
+    from ds4deploy import hub
     from ds4deploy.manifest import check_manifest, load_manifest, manifest_path
 
     if progress is None:
@@ -165,6 +167,30 @@ def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, wor
             "pin the full 40-hex commit the manifest records in model.revision, or rebuild the manifest "
             f"(`ds4deploy model manifest {recipe.name} --write`) after checking the new commit")
     dest = Path(os.path.abspath(dest))
+    lock = fetch_lock_path(dest)
+
+    def refused(who: str) -> UserError:
+        return UserError(f"another fetch into {dest} is running: {who} (lock {lock})",
+                         "wait for it to finish (it places the same verified files), or stop that process by its "
+                         "pid; two fetches into one directory would overwrite each other's partial downloads")
+
+    with HolderLock(lock, refused, remove=True):
+        return _fetch_locked(recipe, dest, manifest, commit, workers, progress)
+
+
+def fetch_lock_path(dest: Path) -> Path:
+    """The lock one fetch into `dest` holds for its whole run (`ds4deploy.holder_lock.HolderLock`): beside the
+    staging directory (``<parent>/.<name>.ds4-staging.lock``, or ``<dest>/.ds4-staging.lock`` on a mount point)."""
+    staging = staging_dir(dest)
+    return staging.with_name(staging.name + ".lock")
+
+
+def _fetch_locked(recipe: Recipe, dest: Path, manifest: dict, commit: str, workers: int,
+                  progress: bool) -> FetchResult:
+    """Steps 2-6 of the module docstring, under the fetch lock."""
+    from ds4deploy import hub, verify
+    from ds4deploy.manifest import manifest_path
+
     files = manifest["files"]
     result = FetchResult(dest=dest, commit=commit)
     if dest.is_dir():

@@ -12,16 +12,13 @@ server's finished-request counter (see `ds4deploy.bench.metrics`).
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import re
-import sys
 import tempfile
-from datetime import UTC, datetime
 from pathlib import Path
 
 from ds4deploy.errors import UserError
+from ds4deploy.holder_lock import HolderLock
 
 
 def lock_dir() -> Path:
@@ -35,8 +32,8 @@ def lock_path(base_url: str) -> Path:
     return lock_dir() / f"{name}.lock"
 
 
-class ServerLock:
-    """Context manager holding the server's benchmark lock.
+class ServerLock(HolderLock):
+    """Context manager holding the server's benchmark lock (`ds4deploy.holder_lock.HolderLock`).
 
     Raises (on enter):
         UserError: another process holds the lock; the message names its pid, command and start time.
@@ -44,9 +41,14 @@ class ServerLock:
 
     def __init__(self, base_url: str, what: str | None = None) -> None:
         self.base_url = base_url
-        self.path = lock_path(base_url)
-        self.what = what or " ".join(sys.argv)
-        self.fd: int | None = None
+        path = lock_path(base_url)
+
+        def refused(who: str) -> UserError:
+            return UserError(f"another benchmark is running against {base_url}: {who} (lock {path})",
+                             "wait for it to finish, or stop that process by its pid; two benchmarks on one "
+                             "server measure each other")
+
+        super().__init__(path, refused, what, {"server": base_url})
 
     def __enter__(self) -> ServerLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -54,30 +56,5 @@ class ServerLock:
             os.chmod(self.path.parent, 0o1777)  # noqa: S103 - shared by every user and sticky, like /tmp
         except PermissionError:
             pass
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 4096, 0).decode(errors="replace")
-            os.close(fd)
-            try:
-                h = json.loads(holder)
-                who = f"pid {h['pid']} ({h['command']}), started {h['started']}"
-            except (ValueError, KeyError, TypeError):
-                who = "a process that has not written its details yet"
-            raise UserError(f"another benchmark is running against {self.base_url}: {who} (lock {self.path})",
-                            "wait for it to finish, or stop that process by its pid; two benchmarks on one "
-                            "server measure each other") from None
-        os.ftruncate(fd, 0)
-        info = {"pid": os.getpid(), "command": self.what,
-                "started": datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC"), "server": self.base_url}
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        self.fd = fd
+        super().__enter__()
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None

@@ -349,3 +349,44 @@ def test_short_pin_is_fetched_by_the_manifests_full_commit(recipe_dir, tmp_path,
     assert p.returncode == 2
     assert f"resolves {REPO_ID}@{SHA[:8]} to commit {moved}" in p.stderr and f"built for {SHA}" in p.stderr
     assert not (tmp_path / "other").exists()
+
+
+LOCK_HOLDER = """
+import sys, time
+from pathlib import Path
+from ds4deploy.errors import UserError
+from ds4deploy.fetch import fetch_lock_path
+from ds4deploy.holder_lock import HolderLock
+with HolderLock(fetch_lock_path(Path(sys.argv[1])), lambda who: UserError(who, ""), what="ds4deploy model fetch hubby"):
+    print("held", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_second_fetch_into_the_same_directory_is_refused_with_the_holder(hub_recipe, tmp_path, model_files):
+    import subprocess
+    import sys
+
+    dest = tmp_path / "model"
+    holder = subprocess.Popen([sys.executable, "-c", LOCK_HOLDER, str(dest)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with FakeHub(REPO_ID, SHA, model_files) as hub:
+            _manifest(hub_recipe, hub, tmp_path)
+            gets = len(hub.requests)
+            p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+            assert p.returncode == 2
+            assert f"another fetch into {dest} is running: pid {holder.pid} (ds4deploy model fetch hubby)" in p.stderr
+            assert "Traceback" not in p.stderr
+            assert [r for r in hub.requests[gets:] if r[0] == "GET"] == []  # nothing downloaded
+            assert not dest.exists() and not _staging(dest).exists()
+            holder.kill()
+            holder.wait()
+            # The kernel dropped the dead holder's flock: the next fetch runs.
+            p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+            assert p.returncode == 0, p.stderr
+            assert {f.name: f.read_bytes() for f in dest.iterdir()} == model_files
+            assert sorted(f.name for f in tmp_path.iterdir() if f.name.startswith(".model")) == []  # no lock left
+    finally:
+        holder.kill()
+        holder.wait()
