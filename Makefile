@@ -12,7 +12,8 @@
 #   make deploy RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml   two nodes (workers first)
 #   make bench-multinode      time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md
 #   make check INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=hosts|groups]  one table per host
-#   make test-hosts           provision two netns test hosts (GX10 rails), rail checks, injected faults
+#   make test-hosts           provision two netns test hosts (GX10 rails), rail checks, injected faults,
+#                             each node's RoCE v2 GID index in its .env (fixture GID tables)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -137,6 +138,8 @@ check: venv
 
 # Two network namespaces with veth rails stand in for two GX10 nodes: provision.yml's rails role, the rail checks,
 # injected faults and bad input (tests/hosts; needs root). Namespaces are removed even when a test fails.
+# tests/hosts/test_gid_launch_env.py runs the stack role's launch env (DS4_NCCL_IB_GID_INDEX per node) with
+# ansible-playbook on localhost against fixture GID tables (no namespaces).
 test-hosts: venv
 	@command -v netplan >/dev/null && command -v ping >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends netplan.io iputils-ping; }
