@@ -103,6 +103,15 @@ def test_missing_rail_address_and_wrong_address(gb10_recipe):
         fabric.launch_env(gb10_recipe, "node-a", wrong, dump, trees.GB10)
 
 
+def test_nccl_ib_hca_outside_the_rails_stops(tmp_path):
+    path = trees.fixture_recipe(tmp_path, trees.GB10_FABRIC_RAILS)
+    path.write_text(path.read_text().replace("- roceP2p1s0f1\n  min_rail", "- roceP2p1s0f1\n  - mlx5_9\n  min_rail"))
+    recipe = load_recipe(path)
+    assert recipe.fabric.nccl_ib_hca[-1] == "mlx5_9"
+    with pytest.raises(UserError, match=r"fabric\.nccl_ib_hca lists mlx5_9, which no rail names"):
+        fabric.launch_env(recipe, "node-a", trees.GB10_RAILS, dump_of(trees.GB10), trees.GB10)
+
+
 def test_recipe_without_fabric_needs_nothing():
     assert fabric.launch_env(load_recipe("cpu"), "node-a", {}, "", "/sys") == {"env": {}, "hcas": []}
 
