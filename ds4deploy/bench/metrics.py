@@ -12,6 +12,13 @@ What the harness derives from the difference of two scrapes (`CounterDelta`):
 - speculative decoding: accepted tokens per draft and tokens per round (``1 + accepted / drafts``, vLLM's
   "acceptance length", ``vllm/benchmarks/serve.py``), and accepted / drafted tokens (acceptance rate).
 - finished requests: more than the cell sent means someone else used the server during the cell.
+- the server's own decode rate: vLLM observes, per request and engine step after the first token, the time since
+  that request's previous token (``inter_token_latency_seconds``, ``vllm/v1/metrics/stats.py``
+  ``IterationStats.update_from_output``), so its sum over a cell is the sum of every request's (last - first token
+  time) as the engine saw it, and ``(generation tokens - finished requests) / that sum`` is the same per-session
+  decode rate the client computes from the stream ((completion tokens - 1) / (last - first token arrival)),
+  token-weighted. A client figure far from it means the stream was not delivered as generated (the server's
+  frontend or the client was starved of CPU and tokens arrived in bursts).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ NAMES = {
     "spec_num_drafts": "vllm:spec_decode_num_drafts_total",
     "spec_num_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "spec_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "itl_seconds_sum": "vllm:inter_token_latency_seconds_sum",
     "requests_running": "vllm:num_requests_running",
     "requests_waiting": "vllm:num_requests_waiting",
 }
@@ -52,6 +60,7 @@ class Counters:
     spec_num_drafts: float | None = None
     spec_num_draft_tokens: float | None = None
     spec_num_accepted_tokens: float | None = None
+    itl_seconds_sum: float | None = None
     requests_running: float | None = None
     requests_waiting: float | None = None
 
@@ -100,6 +109,7 @@ class CounterDelta:
     spec_num_drafts: float | None
     spec_num_draft_tokens: float | None
     spec_num_accepted_tokens: float | None
+    itl_seconds_sum: float | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -128,10 +138,19 @@ class CounterDelta:
             return None
         return self.spec_num_accepted_tokens / self.spec_num_draft_tokens
 
+    @property
+    def server_decode_tok_s(self) -> float | None:
+        """The server's own per-session decode rate over the cell, tok/s: (generation tokens - finished requests) /
+        summed inter-token latency (module docstring). None when a counter is missing or nothing was decoded."""
+        if (self.generation_tokens is None or self.requests_finished is None or not self.itl_seconds_sum
+                or self.generation_tokens <= self.requests_finished):
+            return None
+        return (self.generation_tokens - self.requests_finished) / self.itl_seconds_sum
+
     def as_dict(self) -> dict:
         """Raw differences plus the derived rates, JSON-ready."""
         out = asdict(self)
-        out.update(prefix_cache_hit_rate=self.prefix_cache_hit_rate,
+        out.update(server_decode_tok_s=self.server_decode_tok_s, prefix_cache_hit_rate=self.prefix_cache_hit_rate,
                    spec_accepted_per_draft=self.spec_accepted_per_draft,
                    spec_tokens_per_round=self.spec_tokens_per_round,
                    spec_acceptance_rate=self.spec_acceptance_rate)

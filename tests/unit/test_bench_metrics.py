@@ -50,3 +50,41 @@ def test_missing_counter_on_either_side_gives_none():
 def test_html_instead_of_metrics_is_a_clear_error():
     with pytest.raises(UserError, match="not Prometheus text"):
         parse_metrics("<html><body>Not Found</body></html>\n")
+
+
+def test_server_decode_rate_counts_tokens_not_engine_steps():
+    before = parse_metrics((FIX / "vllm-0.32-cpu-ngram-metrics-before.txt").read_text())
+    after = parse_metrics((FIX / "vllm-0.32-cpu-ngram-metrics-after.txt").read_text())
+    d = diff(before, after)
+    # Two requests, 216 generated tokens, 58 inter-token observations summing to 0.1012 s: ngram drafts packed
+    # several tokens per engine step, so 1 / mean ITL (573/s) would undercount the 2,114 tok/s decoded.
+    assert d.generation_tokens == 216 and d.requests_finished == 2
+    assert d.server_decode_tok_s == pytest.approx(214 / 0.10121732599964162)
+    assert d.as_dict()["server_decode_tok_s"] == d.server_decode_tok_s
+    assert diff(Counters(), Counters()).server_decode_tok_s is None
+
+
+def _result(i: int, ttft: float, last: float, tokens: int = 512):
+    from ds4deploy.bench.stream import RequestResult
+
+    return RequestResult(index=i, ok=True, ttft_s=ttft, last_token_s=last, e2e_s=last, prompt_tokens=1030,
+                         completion_tokens=tokens)
+
+
+def test_tokens_arriving_in_one_burst_flag_the_cell():
+    from ds4deploy.bench.run import client_decode_tok_s, judge
+
+    before = parse_metrics((FIX / "vllm-0.32-cpu-metrics-idle.txt").read_text())
+    # The server decoded 4 x 511 tokens at 1,150 tok/s per request (0.444 s each).
+    server = Counters(**{**before.__dict__, "generation_tokens": 2048.0, "requests_finished": 4.0,
+                         "itl_seconds_sum": 4 * 511 / 1150})
+    steady = [_result(i, 0.022, 0.022 + 511 / 1150) for i in range(4)]
+    assert client_decode_tok_s(steady) == pytest.approx(1150)
+    assert judge(steady, diff(before, server), before, 1024) == []
+    # Two requests as seen on the busy host: first and last token 2 ms apart at the end (TTFT ~= latency).
+    burst = [*steady[:2], _result(2, 0.445, 0.447), _result(3, 0.459, 0.461)]
+    flags = judge(burst, diff(before, server), before, 1024)
+    assert len(flags) == 1 and flags[0].startswith("stream timing off: the client saw 2,290 tok/s decode, the "
+                                                   "server's own counters 1,150 tok/s")
+    # Too few tokens to judge: no verdict either way.
+    assert client_decode_tok_s([_result(0, 0.02, 0.021, tokens=8)]) is None
