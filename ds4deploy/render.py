@@ -48,6 +48,13 @@ def project_name(recipe: Recipe) -> str:
     return f"ds4-{recipe.base_name}"
 
 
+def node_project_name(recipe: Recipe, rank: int | str) -> str:
+    """Compose project of one node of a multi-node recipe (``ds4-<name>-node<rank>``): one project per node, so
+    several node containers can share one Docker host. `rank` is the node rank, or the compose interpolation that
+    supplies it at start-up in the rendered file."""
+    return f"{project_name(recipe)}-node{rank}"
+
+
 def recipe_sha256(recipe: Recipe) -> str:
     """sha256 of the recipe file's bytes: labels the containers so a changed recipe is visible on the host."""
     return hashlib.sha256(recipe.source_path.read_bytes()).hexdigest()
@@ -158,6 +165,7 @@ def render(recipe: Recipe) -> Rendered:
     base = {
         "recipe": recipe,
         "project": project_name(recipe),
+        "node_project": node_project_name(recipe, "${DS4_NODE_RANK:?set by the deploy}"),
         "recipe_sha256": recipe_sha256(recipe),
         "container_model_dir": CONTAINER_MODEL_DIR,
         "bind_host": url_host(recipe.serving.bind_address),

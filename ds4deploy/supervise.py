@@ -37,7 +37,7 @@ import httpx
 from ds4deploy.errors import UserError
 from ds4deploy.nodes import Node, plan_from_inventory
 from ds4deploy.recipe import REPO_ROOT, Recipe
-from ds4deploy.render import project_name
+from ds4deploy.render import node_project_name, project_name
 from ds4deploy.secrets import parse_env_file
 
 GAVE_UP_EXIT = 3
@@ -104,7 +104,7 @@ class Target:
             if hv.get("ansible_connection") != "local" and node.name not in ("localhost", "127.0.0.1"):
                 user = f"{hv['ansible_user']}@" if hv.get("ansible_user") else ""
                 env["DOCKER_HOST"] = f"ssh://{user}{hv.get('ansible_host', node.name)}"
-            project = project_name(self.recipe) + ("" if node.role == "single" else f"-node{node.rank}")
+            project = project_name(self.recipe) if node.role == "single" else node_project_name(self.recipe, node.rank)
             try:
                 proc = subprocess.run(
                     ["docker", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
