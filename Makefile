@@ -7,6 +7,7 @@
 #   make bench-stack [COLD=1] packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
 #   make bench-verify         model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
 #   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
+#   make bench-harness [RECIPE=cpu] [REPEATS=5]  the harness vs `vllm bench serve` on the deployed stack -> docs/bench-harness.md
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
 #   make deploy RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml   two nodes (workers first)
@@ -32,7 +33,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bench-multinode bundle clean check test-hosts
+.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bench-harness bench-multinode bundle clean check test-hosts
 
 help:
 	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
@@ -119,6 +120,11 @@ bundle: venv
 
 bench-stack: venv
 	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE) $(if $(COLD),--cold)
+
+# The harness against `vllm bench serve` on the deployed stack (make deploy first) -> docs/bench-harness.{md,json}.
+bench-harness: venv
+	$(BIN)/python -m ds4deploy.bench.trust --recipe $(RECIPE) $(if $(URL),--url $(URL)) \
+	  $(if $(KEY_FILE),--key-file $(KEY_FILE)) $(if $(REPEATS),--repeats $(REPEATS))
 
 # Creates 8 x 512 MiB in /tmp (removed after); drops the page cache for cold runs when allowed (root).
 bench-verify: venv

