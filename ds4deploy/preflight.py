@@ -293,7 +293,7 @@ def _rail_addrs(r: Recipe, hosts):
     return "pass", ", ".join(f"{h} {a}" for a, h in seen.items()), ""
 
 
-@rule("nccl-ib-hca-twins", "NCCL_IB_HCA names both twin HCAs of every rail's port",
+@rule("nccl-ib-hca-twins", "NCCL_IB_HCA names the HCA of every rail (on GB10: both twin HCAs of the cabled port)",
       "shared/UPSTREAM.md sm121: NCCL_IB_HCA lists both twin HCAs of the port; one HCA = half the bandwidth",
       lambda r: r.fabric is not None)
 def _twins(r: Recipe, hosts):

@@ -340,7 +340,11 @@ class Container(Strict):
 
 
 class Rail(Strict):
-    """One RoCE rail: the netdev, the HCA(s) behind it (both twin HCAs of the port on GB10), its subnet and MTU."""
+    """One RoCE rail: the netdev, the HCA(s) whose GIDs carry its address, its subnet and MTU.
+
+    On GB10 a rail is one PCIe half of the cabled ConnectX-7 port: one twin HCA with its own netdev (ibdev2netdev
+    rocep1s0f1 <-> enp1s0f1np1, roceP2p1s0f1 <-> enP2p1s0f1np1; recipes/gx10x2-ds4-flash-fp8.yaml cites the sources).
+    """
 
     name: str
     netdev: str
@@ -357,6 +361,26 @@ class Fabric(Strict):
     nccl_ib_hca: list[str] = Field(min_length=1, description="HCAs NCCL_IB_HCA lists")
     min_rail_gbit_s: float = Field(gt=0, description="ib_write_bw per rail the fabric checks require, Gb/s")
     source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _hcas_on_one_rail(self) -> Fabric:
+        """Every NCCL_IB_HCA entry belongs to exactly one rail: the deploy resolves each HCA's RoCE v2 GID index
+        against its rail's address (`ds4deploy.checks.fabric.launch_env`), so an HCA on no rail has no address to
+        resolve and one on two rails has two (shared/UPSTREAM.md sm121 GID resolution)."""
+        rails_of: dict[str, list[str]] = {}
+        for rail in self.rails:
+            for hca in rail.hcas:
+                rails_of.setdefault(hca, []).append(rail.name)
+        unrailed = [hca for hca in self.nccl_ib_hca if hca not in rails_of]
+        if unrailed:
+            raise ValueError(f"fabric.nccl_ib_hca lists {', '.join(unrailed)}, which no rail names, so no rail address "
+                             "tells which GID index it would use with NCCL_IB_GID_INDEX: add it to the hcas of the "
+                             "rail whose netdev it carries (`ibdev2netdev`), or drop it from fabric.nccl_ib_hca")
+        twice = [f"{hca} ({', '.join(names)})" for hca, names in rails_of.items() if len(names) > 1]
+        if twice:
+            raise ValueError(f"fabric.rails name {'; '.join(twice)} on more than one rail: an HCA carries one "
+                             "netdev, so it belongs to exactly one rail (`ibdev2netdev` shows which)")
+        return self
 
 
 class Instances(Strict):
@@ -587,7 +611,9 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
         for err in exc.errors():
             shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
             value = f" = {err.get('input')!r}" if shown else ""
-            lines.append(f"  {_fmt_loc(err['loc'])}{value}: {err['msg']} ({_allowed(err)})")
+            allowed = _allowed(err)  # a validator's own message already says what is allowed: not twice
+            lines.append(f"  {_fmt_loc(err['loc'])}{value}: {err['msg']}" + (f" ({allowed})" if allowed != err["msg"]
+                                                                             else ""))
         raise UserError(
             f"{path}: {len(lines)} problem(s) in the recipe:\n" + "\n".join(lines),
             f"edit {path} as listed above; recipes/cpu.yaml is a valid example",

@@ -378,19 +378,14 @@ def launch_env(recipe: Recipe, node: str, rails: dict, dump: str, sysfs: str | P
         ``{"env": {}, "hcas": []}`` for a recipe without a fabric section.
 
     Raises:
-        UserError: an NCCL_IB_HCA entry no rail names; no RDMA device on the node, a rail without an address, an
+        UserError: no RDMA device on the node, a rail without an address, an
             HCA without (or with several) RoCE v2 GIDs of the rail address, or HCAs of one node resolving to
             different indexes (these causes name the node); every fix ends with "Nothing was started".
     """
     if recipe.fabric is None:
         return {"env": {}, "hcas": []}
+    # Every NCCL_IB_HCA entry is on exactly one rail: the recipe schema refuses anything else (Fabric validator).
     wanted = [(rail, hca) for rail in recipe.fabric.rails for hca in rail.hcas]
-    unrailed = [hca for hca in recipe.fabric.nccl_ib_hca if hca not in {h for _, h in wanted}]
-    if unrailed:
-        raise UserError(f"recipe {recipe.name}: fabric.nccl_ib_hca lists {', '.join(unrailed)}, which no rail names, "
-                        "so no rail address tells which GID index it would use with NCCL_IB_GID_INDEX",
-                        f"add {', '.join(unrailed)} to the hcas of the rail it belongs to (or drop it from "
-                        f"fabric.nccl_ib_hca) and run `ds4deploy render`. {NOTHING_STARTED}")
     root = str(sysfs).rstrip("/")
     if not dump.strip():
         raise UserError(

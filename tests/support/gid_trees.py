@@ -4,9 +4,10 @@ The trees are the real published layouts under tests/unit/fixtures/sysfs (see it
 moved is modelled by copying a real tree and changing only the slot index of the rail's GID (the files of slot
 ``old`` and slot ``new`` trade places); nothing else is changed, so the GIDs still carry spark-0e68's addresses.
 
-The fixture recipes are recipes/gx10x2-ds4-flash-fp8.yaml with only its ``fabric.rails`` / ``fabric.nccl_ib_hca``
-pointed at the HCAs and addresses the published tables hold (the real recipe names HCAs rocep1s0f0 etc. that the
-published tables do not show).
+The GB10 tree is read with the real recipe, recipes/gx10x2-ds4-flash-fp8.yaml: its rails are the published
+layout (rail0 rocep1s0f1 on enp1s0f1np1, 10.100.184.0/24; rail1 roceP2p1s0f1 on enP2p1s0f1np1, 10.100.185.0/24).
+The k8s pod tree has other HCAs and addresses, so `fixture_recipe` writes the GX10 recipe with only its
+``fabric.rails`` / ``fabric.nccl_ib_hca`` pointed at them.
 """
 
 from __future__ import annotations
@@ -24,10 +25,6 @@ GX10_RECIPE = REPO / "recipes" / "gx10x2-ds4-flash-fp8.yaml"
 
 # spark-0e68's rail addresses as published: rail A 10.100.184.1 on rocep1s0f1, rail B 10.100.185.1 on roceP2p1s0f1.
 GB10_RAILS = {"rail0": {"address": "10.100.184.1"}, "rail1": {"address": "10.100.185.1"}}
-GB10_FABRIC_RAILS = [
-    {"name": "rail0", "netdev": "enp1s0f1np1", "hcas": ["rocep1s0f1"], "subnet": "10.100.184.0/24", "mtu": 9000},
-    {"name": "rail1", "netdev": "enP2p1s0f1np1", "hcas": ["roceP2p1s0f1"], "subnet": "10.100.185.0/24", "mtu": 9000},
-]
 # NVIDIA/nccl #1573 pod: net1 10.152.0.12 on mlx5_0, net2 10.152.4.12 on mlx5_1 (RoCE v2 at index 7 on both).
 K8S_RAILS = {"rail0": {"address": "10.152.0.12"}, "rail1": {"address": "10.152.4.12"}}
 K8S_FABRIC_RAILS = [

@@ -58,21 +58,21 @@ def test_tables_one_per_host_with_summary():
 
 
 def test_rail_inputs_pass_for_a_good_inventory():
-    hosts = _hosts(a={"rail0": "192.168.100.1", "rail1": "192.168.101.1"},
-                   b={"rail0": "192.168.100.2", "rail1": "192.168.101.2"})
+    hosts = _hosts(a={"rail0": "10.100.184.1", "rail1": "10.100.185.1"},
+                   b={"rail0": "10.100.184.2", "rail1": "10.100.185.2"})
     assert inputs.rail_problems(load_recipe(GX10), hosts) == []
     inputs.validate_inputs(load_recipe(GX10), hosts)
 
 
 @pytest.mark.parametrize(("hosts", "message"), [
-    (_hosts(a={"rail0": "192.168.100.1"}), "a: ds4_rails.rail1.address is missing"),
-    (_hosts(a={"rail0": "192.168.100.1", "rail1": "192.168.101.1"}, b={"rail0": "192.168.100.1",
-                                                                        "rail1": "192.168.101.2"}),
-     "b: ds4_rails.rail0.address = 192.168.100.1 is also given to a (rail0)"),
-    (_hosts(a={"rail0": "192.168.101.5", "rail1": "192.168.101.1"}),
-     "a: ds4_rails.rail0.address = 192.168.101.5 is not a host address in 192.168.100.0/24"),
-    (_hosts(a={"rail0": "192.168.100.255", "rail1": "192.168.101.1"}), "is not a host address"),
-    (_hosts(a={"rail0": "fe80::1", "rail1": "192.168.101.1"}), "'fe80::1' is not an IPv4 address"),
+    (_hosts(a={"rail0": "10.100.184.1"}), "a: ds4_rails.rail1.address is missing"),
+    (_hosts(a={"rail0": "10.100.184.1", "rail1": "10.100.185.1"}, b={"rail0": "10.100.184.1",
+                                                                      "rail1": "10.100.185.2"}),
+     "b: ds4_rails.rail0.address = 10.100.184.1 is also given to a (rail0)"),
+    (_hosts(a={"rail0": "10.100.185.5", "rail1": "10.100.185.1"}),
+     "a: ds4_rails.rail0.address = 10.100.185.5 is not a host address in 10.100.184.0/24"),
+    (_hosts(a={"rail0": "10.100.184.255", "rail1": "10.100.185.1"}), "is not a host address"),
+    (_hosts(a={"rail0": "fe80::1", "rail1": "10.100.185.1"}), "'fe80::1' is not an IPv4 address"),
 ])
 def test_rail_inputs_refused(hosts, message):
     with pytest.raises(UserError) as err:
@@ -131,7 +131,7 @@ def test_cli_check_inputs_exit_codes(tmp_path, capsys):
 
 def test_provision_vars_gx10():
     v = inputs.provision_vars(load_recipe(GX10))
-    assert [r["netdev"] for r in v["ds4_fabric_rails"]] == ["enp1s0f0np0", "enp1s0f1np1"]
+    assert [r["netdev"] for r in v["ds4_fabric_rails"]] == ["enp1s0f1np1", "enP2p1s0f1np1"]
     assert {r["prefix"] for r in v["ds4_fabric_rails"]} == {24} and v["ds4_fabric_master_port"] == 25000
     assert v["ds4_driver_min_version"] == "580.65.06" and v["ds4_memlock_unlimited"] is True
     assert v["ds4_known_bad_kernels"][0]["release"] == "7.0.0-1019-nvidia"
@@ -260,7 +260,7 @@ def test_this_machine_skips_gpu_and_rdma_rows_never_passes():
     recipe = load_recipe(GX10)
     gpu = host.check_gpus(local, recipe) + host.check_container_gpus(local, recipe)
     assert gpu and {r.verdict for r in gpu} == {"skip"} and {r.measured for r in gpu} == {"skipped: no NVIDIA GPU"}
-    fab = fabric.check_fabric_node(local, recipe, {"ds4_rails": {"rail0": {"address": "192.168.100.1"}}})
+    fab = fabric.check_fabric_node(local, recipe, {"ds4_rails": {"rail0": {"address": "10.100.184.1"}}})
     assert fab and all(r.verdict == "skip" and r.measured == "skipped: no RDMA device" for r in fab)
     assert fabric.check_nccl(local, ["local"], recipe)[0].measured == "skipped: no RDMA device"
 

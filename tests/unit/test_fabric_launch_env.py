@@ -3,16 +3,18 @@ trees, and `ds4deploy fabric dump-command` / `launch-env` (what the stack role r
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import subprocess
 from pathlib import Path
 
 import pytest
+import yaml
 
 from ds4deploy.checks import fabric
 from ds4deploy.cli import main
 from ds4deploy.errors import UserError
-from ds4deploy.parsers.gids import read_gid_table
+from ds4deploy.parsers.gids import read_gid_table, roce_v2_gid_index
 from ds4deploy.recipe import load_recipe
 from tests.support import gid_trees as trees
 from tests.unit.parsers._fixtures import einval_reader
@@ -25,8 +27,22 @@ def dump_of(root: Path) -> str:
 
 
 @pytest.fixture
-def gb10_recipe(tmp_path):
-    return load_recipe(trees.fixture_recipe(tmp_path, trees.GB10_FABRIC_RAILS))
+def gb10_recipe():
+    """The real GX10 recipe: its rails are the published GB10 layout the spark-0e68 tree holds."""
+    return load_recipe(trees.GX10_RECIPE)
+
+
+def test_recipe_rails_are_the_published_gb10_layout(gb10_recipe):
+    # Each rail's HCA carries the rail's address as a RoCE v2 GID on the rail's own netdev in the published table
+    # (rocep1s0f1 <-> enp1s0f1np1 10.100.184.1, roceP2p1s0f1 <-> enP2p1s0f1np1 10.100.185.1).
+    table = read_gid_table(trees.GB10, read=einval_reader)
+    for rail in gb10_recipe.fabric.rails:
+        address = trees.GB10_RAILS[rail.name]["address"]
+        assert ipaddress.ip_address(address) in ipaddress.ip_network(rail.subnet)
+        for hca in rail.hcas:
+            (entry,) = [e for e in table if e.index == roce_v2_gid_index(table, hca, address) and e.hca == hca]
+            assert entry.netdev == rail.netdev, (hca, entry.netdev, rail.netdev)
+    assert gb10_recipe.fabric.nccl_ib_hca == ["rocep1s0f1", "roceP2p1s0f1"]
 
 
 def test_dump_under_another_root_round_trips(tmp_path):
@@ -103,13 +119,25 @@ def test_missing_rail_address_and_wrong_address(gb10_recipe):
         fabric.launch_env(gb10_recipe, "node-a", wrong, dump, trees.GB10)
 
 
-def test_nccl_ib_hca_outside_the_rails_stops(tmp_path):
-    path = trees.fixture_recipe(tmp_path, trees.GB10_FABRIC_RAILS)
-    path.write_text(path.read_text().replace("- roceP2p1s0f1\n  min_rail", "- roceP2p1s0f1\n  - mlx5_9\n  min_rail"))
-    recipe = load_recipe(path)
-    assert recipe.fabric.nccl_ib_hca[-1] == "mlx5_9"
-    with pytest.raises(UserError, match=r"fabric\.nccl_ib_hca lists mlx5_9, which no rail names"):
-        fabric.launch_env(recipe, "node-a", trees.GB10_RAILS, dump_of(trees.GB10), trees.GB10)
+def _gx10_with_fabric(tmp_path: Path, edit) -> Path:
+    data = yaml.safe_load(trees.GX10_RECIPE.read_text())
+    edit(data["fabric"])
+    path = tmp_path / trees.GX10_RECIPE.name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_nccl_ib_hca_outside_the_rails_is_refused_by_the_schema(tmp_path):
+    # The old two-HCAs-per-rail layout named the f0 twins in NCCL_IB_HCA with no rail of their own.
+    path = _gx10_with_fabric(tmp_path, lambda f: f["nccl_ib_hca"].extend(["rocep1s0f0", "roceP2p1s0f0"]))
+    with pytest.raises(UserError, match=r"fabric\.nccl_ib_hca lists rocep1s0f0, roceP2p1s0f0, which no rail names"):
+        load_recipe(path)
+
+
+def test_hca_on_two_rails_is_refused_by_the_schema(tmp_path):
+    path = _gx10_with_fabric(tmp_path, lambda f: f["rails"][1]["hcas"].append("rocep1s0f1"))
+    with pytest.raises(UserError, match=r"fabric\.rails name rocep1s0f1 \(rail0, rail1\) on more than one rail"):
+        load_recipe(path)
 
 
 def test_recipe_without_fabric_needs_nothing():
@@ -124,7 +152,7 @@ def test_cli_dump_command(capsys):
 
 
 def test_cli_launch_env(tmp_path, capsys):
-    recipe = trees.fixture_recipe(tmp_path, trees.GB10_FABRIC_RAILS)
+    recipe = "gx10x2-ds4-flash-fp8"
     dump = tmp_path / "dump.txt"
     dump.write_text(dump_of(trees.GB10))
     argv = ["fabric", "launch-env", str(recipe), "--node", "node-a", "--dump-file", str(dump),

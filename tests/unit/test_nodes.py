@@ -60,12 +60,12 @@ def test_bad_inventories_are_refused_with_the_cause(over, message):
 def test_gx10_nodes_take_their_address_from_the_first_rail_and_may_not_share_a_machine():
     recipe = load_recipe("gx10x2-ds4-flash-fp8")
     hosts = {"spark-a": {"ansible_host": "10.0.0.1", "ds4_node_rank": 0,
-                         "ds4_rails": {"rail0": {"address": "192.168.100.1"}, "rail1": {"address": "192.168.101.1"}}},
+                         "ds4_rails": {"rail0": {"address": "10.100.184.1"}, "rail1": {"address": "10.100.185.1"}}},
              "spark-b": {"ansible_host": "10.0.0.2", "ds4_node_rank": 1,
-                         "ds4_rails": {"rail0": {"address": "192.168.100.2"}, "rail1": {"address": "192.168.101.2"}}}}
+                         "ds4_rails": {"rail0": {"address": "10.100.184.2"}, "rail1": {"address": "10.100.185.2"}}}}
     nodes = plan(recipe, hosts)
-    assert [n.host_ip for n in nodes] == ["192.168.100.1", "192.168.100.2"]
-    assert {n.master_addr for n in nodes} == {"192.168.100.1"}
+    assert [n.host_ip for n in nodes] == ["10.100.184.1", "10.100.184.2"]
+    assert {n.master_addr for n in nodes} == {"10.100.184.1"}
     hosts["spark-b"]["ansible_host"] = "10.0.0.1"
     with pytest.raises(UserError, match="are the same machine"):
         plan(recipe, hosts)

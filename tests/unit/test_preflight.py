@@ -55,9 +55,9 @@ COUNTEREXAMPLES = [
     ("nvfp4-kv-engine", GX10, "engine.capabilities", ["dspark"]),
     ("gb10-mem-util", GX10, "serving.gpu_memory_utilization", 0.80),
     ("cuda-one-toolkit", SM86, "engine.cuda.headers", "13.0.2"),
-    ("rails-distinct-subnets", GX10, "fabric.rails.1.subnet", "192.168.100.0/24"),
+    ("rails-distinct-subnets", GX10, "fabric.rails.1.subnet", "10.100.184.0/24"),
     ("rails-mtu-recipe", GX10, "fabric.rails.0.mtu", 1500),
-    ("nccl-ib-hca-twins", GX10, "fabric.nccl_ib_hca", ["rocep1s0f0", "rocep1s0f1"]),
+    ("nccl-ib-hca-twins", GX10, "fabric.nccl_ib_hca", ["rocep1s0f1"]),
     ("instances-fit", SM86, "serving.gpu_memory_utilization", 0.2),
     ("instances-fit", SM86, "hardware.ram_per_numa_gib", 100.0),
     ("bench-max-tokens", GX10, "benchmark.max_tokens", None),
@@ -83,11 +83,11 @@ def test_every_rule_has_a_counterexample_or_host_test():
 
 GOOD_HOSTS = {
     "gx10-a": {"ds4_kernel": "6.17.0-1032-nvidia",
-               "ds4_rails": {"rail0": {"address": "192.168.100.1", "mtu": 9000},
-                             "rail1": {"address": "192.168.101.1", "mtu": 9000}}},
+               "ds4_rails": {"rail0": {"address": "10.100.184.1", "mtu": 9000},
+                             "rail1": {"address": "10.100.185.1", "mtu": 9000}}},
     "gx10-b": {"ds4_kernel": "6.17.0-1032-nvidia",
-               "ds4_rails": {"rail0": {"address": "192.168.100.2", "mtu": 9000},
-                             "rail1": {"address": "192.168.101.2", "mtu": 9000}}},
+               "ds4_rails": {"rail0": {"address": "10.100.184.2", "mtu": 9000},
+                             "rail1": {"address": "10.100.185.2", "mtu": 9000}}},
 }
 
 
@@ -106,8 +106,8 @@ def _hosts(**changes):
 
 @pytest.mark.parametrize(("rule_id", "changes", "needle"), [
     ("rails-mtu-hosts", {"gx10_b__ds4_rails__rail1__mtu": 1500}, "gx10-b/rail1"),
-    ("rails-addresses", {"gx10_b__ds4_rails__rail0__address": "192.168.100.1"}, "on gx10-a and gx10-b"),
-    ("rails-addresses", {"gx10_a__ds4_rails__rail1__address": "192.168.100.9"}, "not in 192.168.101.0/24"),
+    ("rails-addresses", {"gx10_b__ds4_rails__rail0__address": "10.100.184.1"}, "on gx10-a and gx10-b"),
+    ("rails-addresses", {"gx10_a__ds4_rails__rail1__address": "10.100.184.9"}, "not in 10.100.185.0/24"),
     ("kernel-known-bad", {"gx10_a__ds4_kernel": "7.0.0-1019-nvidia"}, "runs 7.0.0-1019-nvidia"),
 ])
 def test_host_fact_rules(rule_id, changes, needle):

@@ -184,13 +184,13 @@ def test_fabric_facts_are_written_once_and_derived(recipe_dir):
     shutil.copy(REPO / "recipes" / "gx10x2-ds4-flash-fp8.yaml", recipe_dir / "gx10x2-ds4-flash-fp8.yaml")
     files = render.render(load_recipe("gx10x2-ds4-flash-fp8")).files
     env = files["engine.env"]
-    assert "NCCL_IB_HCA=rocep1s0f0,roceP2p1s0f0,rocep1s0f1,roceP2p1s0f1" in env
-    assert "NCCL_SOCKET_IFNAME=enp1s0f0np0" in env
+    assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in env
+    assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
     args = json.loads(files["engine-args.json"])
     assert args[args.index("--nnodes") + 1] == "2"
     assert args[args.index("--master-port") + 1] == "25000"
     write_variant_from(recipe_dir, "gx10x2-ds4-flash-fp8", "gxdup",
-                       lambda d: d["engine"]["env"].update(NCCL_IB_HCA="rocep1s0f0"))
+                       lambda d: d["engine"]["env"].update(NCCL_IB_HCA="rocep1s0f1"))
     with pytest.raises(UserError, match="derives from fabric"):
         load_recipe("gxdup")
 
