@@ -144,8 +144,8 @@ check: venv
 
 # Two network namespaces with veth rails stand in for two GX10 nodes: provision.yml's rails role, the rail checks,
 # injected faults and bad input (tests/hosts; needs root). Namespaces are removed even when a test fails.
-# tests/hosts/test_gid_launch_env.py runs the stack role's launch env (DS4_NCCL_IB_GID_INDEX per node) with
-# ansible-playbook on localhost against fixture GID tables (no namespaces).
+# tests/hosts/test_gid_launch_env.py resolves DS4_NCCL_IB_GID_INDEX per node (preflight role) and writes it into
+# the .env (stack role) with ansible-playbook on localhost against fixture GID tables (no namespaces).
 test-hosts: venv
 	@command -v netplan >/dev/null && command -v ping >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends netplan.io iputils-ping; }

@@ -54,7 +54,7 @@ def gid_dump_command(sysfs: str | Path = "/sys") -> str:
     One line per file, ``<path>\\t<value>``; ``<path>\\t#EINVAL`` when the read fails with EINVAL (an empty slot,
     see `ds4deploy.parsers.gids`), ``<path>\\t#ERR <text>`` for any other failed read; no output when the node has
     no RDMA device. Read-only; POSIX sh. The one copy of this command: the fabric checks run it over their target,
-    the deploy (ansible/roles/stack/tasks/launch_env.yml) asks `ds4deploy fabric dump-command` for it.
+    the deploy (ansible/roles/preflight/tasks/fabric.yml) asks `ds4deploy fabric dump-command` for it.
 
     Args:
         sysfs: the sysfs root on the node (``/sys``; tests point it at a fixture tree laid out the same way).

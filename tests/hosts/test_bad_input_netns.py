@@ -20,7 +20,7 @@ from tests.hosts.conftest import RECIPE, ds4, playbook
 
 def _untouched() -> None:
     for node in testhosts.NODES:
-        for dev in ("enp1s0f0np0", "enp1s0f1np1"):
+        for dev in ("enp1s0f1np1", "enP2p1s0f1np1"):
             state = testhosts.sh(node, f"cat /sys/class/net/{dev}/mtu; ip -o -4 addr show dev {dev}").stdout
             assert state.strip() == "1500", f"{node} {dev} was changed: {state}"
         netplan = testhosts.NETNS_ETC / testhosts.netns(node) / "netplan" / "60-ds4deploy-rails.yaml"
@@ -39,7 +39,7 @@ def test_missing_rail_address(fresh_hosts, tmp_path):
     inv = _inventory(tmp_path, lambda hosts: hosts["node-b"]["ds4_rails"].pop("rail1"))
     done = playbook(inv)
     assert done.returncode != 0
-    assert "node-b: ds4_rails.rail1.address is missing (rail rail1 on enp1s0f1np1, subnet 192.168.101.0/24)" in \
+    assert "node-b: ds4_rails.rail1.address is missing (rail rail1 on enP2p1s0f1np1, subnet 10.100.185.0/24)" in \
         done.stdout
     assert "nothing was changed" in done.stdout
     _untouched()
@@ -47,12 +47,12 @@ def test_missing_rail_address(fresh_hosts, tmp_path):
 
 def test_same_address_on_two_nodes(fresh_hosts, tmp_path):
     def same(hosts):
-        hosts["node-b"]["ds4_rails"]["rail0"]["address"] = "192.168.100.1"
+        hosts["node-b"]["ds4_rails"]["rail0"]["address"] = "10.100.184.1"
 
     inv = _inventory(tmp_path, same)
     done = playbook(inv)
     assert done.returncode != 0
-    assert "node-b: ds4_rails.rail0.address = 192.168.100.1 is also given to node-a (rail0)" in done.stdout
+    assert "node-b: ds4_rails.rail0.address = 10.100.184.1 is also given to node-a (rail0)" in done.stdout
     _untouched()
     cli = ds4("check", "inputs", RECIPE, "--inventory", str(inv))
     assert cli.returncode == 2 and cli.stderr.startswith("error: 1 problem(s)") and "\nfix: " in cli.stderr
@@ -63,7 +63,7 @@ def test_unreachable_host(fresh_hosts, tmp_path):
         # Nothing listens on 127.0.0.1:1, so ssh is refused at once: an unreachable host, on loopback only.
         hosts["node-c"] = {"ansible_connection": "ssh", "ansible_host": "127.0.0.1", "ansible_port": 1,
                            "ansible_python_interpreter": "/usr/bin/python3",
-                           "ds4_rails": {"rail0": {"address": "192.168.100.3"}, "rail1": {"address": "192.168.101.3"}}}
+                           "ds4_rails": {"rail0": {"address": "10.100.184.3"}, "rail1": {"address": "10.100.185.3"}}}
 
     inv = _inventory(tmp_path, third)
     done = playbook(inv)

@@ -53,8 +53,8 @@ def test_first_run_configures_and_says_what_it_skipped(hosts):
     # No GPU here: every GPU role says so instead of passing silently.
     assert "skipped: no NVIDIA GPU on node-a" in out
     assert "skipped: no NVIDIA GPU (no /dev/nvidiactl) on node-b" in out
-    state = testhosts.sh("node-a", "ip -o -4 addr show dev enp1s0f1np1; cat /sys/class/net/enp1s0f1np1/mtu").stdout
-    assert "192.168.101.1/24" in state and state.strip().endswith("9000")
+    state = testhosts.sh("node-a", "ip -o -4 addr show dev enP2p1s0f1np1; cat /sys/class/net/enP2p1s0f1np1/mtu").stdout
+    assert "10.100.185.1/24" in state and state.strip().endswith("9000")
 
 
 def test_rail_checks_pass_and_hardware_checks_skip(hosts):
@@ -122,9 +122,9 @@ def test_written_netplan_passes_real_netplan_generate(hosts):
                                  check=False)
             assert gen.returncode == 0, gen.stderr
             network = sorted(p.name for p in (Path(root) / "run" / "systemd" / "network").glob("*.network"))
-            assert network == ["10-netplan-enp1s0f0np0.network", "10-netplan-enp1s0f1np1.network"]
-            unit = (Path(root) / "run" / "systemd" / "network" / network[1]).read_text()
-            assert "MTUBytes=9000" in unit and "Address=192.168.101." in unit and "LinkLocalAddressing=no" in unit
+            assert network == ["10-netplan-enP2p1s0f1np1.network", "10-netplan-enp1s0f1np1.network"]
+            unit = (Path(root) / "run" / "systemd" / "network" / network[0]).read_text()
+            assert "MTUBytes=9000" in unit and "Address=10.100.185." in unit and "LinkLocalAddressing=no" in unit
     # The same validator refuses a broken file (so the role's `validate:` can fail).
     with tempfile.TemporaryDirectory() as root:
         (Path(root) / "etc" / "netplan").mkdir(parents=True)
@@ -138,16 +138,16 @@ def test_written_netplan_passes_real_netplan_generate(hosts):
 FAULTS = {
     # node, command, (host, check) that must fail, text its measured/remediation column must contain
     "same subnet on both rails": (
-        "node-a", "ip addr flush dev enp1s0f1np1 && ip addr add 192.168.100.11/24 dev enp1s0f1np1",
-        [("node-a", "rails.address.rail1", "in rail0's subnet 192.168.100.0/24"),
+        "node-a", "ip addr flush dev enP2p1s0f1np1 && ip addr add 10.100.184.11/24 dev enP2p1s0f1np1",
+        [("node-a", "rails.address.rail1", "in rail0's subnet 10.100.184.0/24"),
          ("node-a", "rails.route.rail1.node-b", "no route"),
          ("node-b", "rails.jumbo.rail1.node-a", "does not answer")]),
     "MTU 1500 on one end": (
-        "node-b", "ip link set dev enp1s0f0np0 mtu 1500",
+        "node-b", "ip link set dev enp1s0f1np1 mtu 1500",
         [("node-b", "rails.mtu.rail0", "1500"),
          ("node-a", "rails.jumbo.rail0.node-b", "small pings reply, 8972-byte DF pings do not")]),
     "rail down": (
-        "node-b", "ip link set dev enp1s0f1np1 down",
+        "node-b", "ip link set dev enP2p1s0f1np1 down",
         [("node-b", "rails.link.rail1", "operstate down"),
          ("node-a", "rails.jumbo.rail1.node-b", "")]),
 }

@@ -1,7 +1,7 @@
 """Two test hosts without hardware: network namespaces node-a and node-b joined by two veth pairs (the rails).
 
 Each namespace stands for one node of a two-node recipe. The veth ends carry the recipe's rail netdev names
-inside their namespace (e.g. ``enp1s0f0np0``), start down with MTU 1500 and no address, so the rails role has
+inside their namespace (e.g. ``enp1s0f1np1``), start down with MTU 1500 and no address, so the rails role has
 everything to do. Ansible reaches a namespace with ``ansible_connection: local`` and a Python wrapper that runs
 ``ip netns exec <ns> python3`` (the inventory's ``ansible_python_interpreter``); the checks reach it with
 ``ds4_netns``. ``ip netns exec`` bind-mounts ``/etc/netns/<ns>/netplan`` over ``/etc/netplan``, so each test

@@ -1,5 +1,6 @@
 """The per-node launch env of a fabric recipe: the GID dump under any sysfs root, run for real by sh on the fixture
-trees, and `ds4deploy fabric dump-command` / `launch-env` (what the stack role runs before compose up)."""
+trees, and `ds4deploy fabric dump-command` / `launch-env` (what the preflight role runs before the model and image
+roles)."""
 
 from __future__ import annotations
 
