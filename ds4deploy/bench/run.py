@@ -63,11 +63,12 @@ from ds4deploy.secrets import parse_env_file, read_api_key
 CACHE_HIT_LIMIT = 0.01
 CACHE_HIT_FREE_TOKENS = 32
 # A cell's stream timing is not trusted when the client's decode rate, token-weighted like the server's
-# (`client_decode_tok_s`), is more than 20 % away from the server's own (`CounterDelta.server_decode_tok_s`).
+# (`client_decode_window`), is more than 20 % away from the server's own (`CounterDelta.server_decode_tok_s`).
 # Measured here (docs/bench-harness.md): both agree within a few % when the host is quiet; when the 2-core host was
 # busy, some requests arrived in one burst at the end (TTFT ~= end-to-end latency, e.g. 445 of 447 ms), which
-# turns their decode rate into hundreds of thousands of tok/s. Only checked over >= 64 decoded tokens and >= 50 ms
-# of decoding, where timer resolution and one slow step cannot move the rate by 20 %.
+# turns their decode rate into hundreds of thousands of tok/s (or none: all 64 tokens in one read, TTFT 62 ms where
+# 8-20 ms is usual). Only checked over >= 64 decoded tokens and >= 50 ms of decoding at the server's rate, where
+# timer resolution and one slow step cannot move the rate by 20 %.
 STREAM_DISAGREE_LIMIT = 0.20
 STREAM_CHECK_MIN_TOKENS = 64
 STREAM_CHECK_MIN_S = 0.05
@@ -174,18 +175,33 @@ async def probe(url: str, headers: dict, payload: dict, timeout: float) -> None:
                             "check the server log") from None
 
 
-def client_decode_tok_s(cell_results: list) -> float | None:
-    """The cell's decode rate as the client saw it, token-weighted like the server's counter: sum of (completion
-    tokens - 1) / sum of (last - first token arrival) over the successful requests, tok/s. None below
-    `STREAM_CHECK_MIN_TOKENS` decoded tokens or `STREAM_CHECK_MIN_S` of decoding."""
+def client_decode_window(cell_results: list) -> tuple[float, float]:
+    """(decoded tokens, seconds) of the cell as the client saw it: sums over the successful requests of (completion
+    tokens - 1) and (last - first token arrival), the client's side of the server's inter-token latency sum."""
     tokens = window = 0.0
     for r in cell_results:
         if r.ok and r.completion_tokens and r.ttft_s is not None and r.last_token_s is not None:
             tokens += r.completion_tokens - 1
             window += max(0.0, r.last_token_s - r.ttft_s)
-    if tokens < STREAM_CHECK_MIN_TOKENS or window < STREAM_CHECK_MIN_S:
+    return tokens, window
+
+
+def stream_timing_flag(cell_results: list, delta: prom.CounterDelta | None) -> str | None:
+    """The "stream timing off" reason when the client's decode rate (token-weighted, `client_decode_window`) is more
+    than `STREAM_DISAGREE_LIMIT` from the server's own (`CounterDelta.server_decode_tok_s`); None when they agree
+    or there is too little decoding to judge (fewer than `STREAM_CHECK_MIN_TOKENS` tokens, or less than
+    `STREAM_CHECK_MIN_S` of decoding at the server's rate). Every token of a request arriving in one read (window
+    0) is the extreme case."""
+    server = delta.server_decode_tok_s if delta is not None else None
+    tokens, window = client_decode_window(cell_results)
+    if server is None or tokens < STREAM_CHECK_MIN_TOKENS or tokens / server < STREAM_CHECK_MIN_S:
         return None
-    return tokens / window
+    if window > 0 and abs(tokens / window / server - 1) <= STREAM_DISAGREE_LIMIT:
+        return None
+    seen = f"{tokens / window:,.0f} tok/s decode" if window > 0 else "every token of each request at once"
+    return (f"stream timing off: the client saw {seen}, the server's own counters {server:,.0f} tok/s "
+            "(inter-token latency); tokens reached the client in bursts (the server's frontend or this client was "
+            "short of CPU): rerun on a quieter host or from another machine")
 
 
 def judge(cell_results: list, delta: prom.CounterDelta | None, before: prom.Counters | None,
@@ -206,12 +222,9 @@ def judge(cell_results: list, delta: prom.CounterDelta | None, before: prom.Coun
     if before is not None and (before.requests_running or 0) + (before.requests_waiting or 0) > 0:
         flags.append(f"server busy at cell start: {before.requests_running or 0:.0f} running, "
                      f"{before.requests_waiting or 0:.0f} waiting")
-    client = client_decode_tok_s(cell_results)
-    server = delta.server_decode_tok_s if delta is not None else None
-    if client is not None and server is not None and abs(client / server - 1) > STREAM_DISAGREE_LIMIT:
-        flags.append(f"stream timing off: the client saw {client:,.0f} tok/s decode, the server's own counters "
-                     f"{server:,.0f} tok/s (inter-token latency); tokens reached the client in bursts (the server's "
-                     "frontend or this client was short of CPU): rerun on a quieter host or from another machine")
+    timing = stream_timing_flag(cell_results, delta)
+    if timing:
+        flags.append(timing)
     off = [r.prompt_tokens for r in cell_results if r.ok and r.prompt_tokens is not None
            and not prompt_tokens_ok(r.prompt_tokens, target)]
     if off:

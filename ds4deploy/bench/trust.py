@@ -157,11 +157,13 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                 else:
                     v, server = _server_rates(
                         scrape, lambda conc=conc: theirs(a, work, key, counter, conc, a.requests_per_session))
-                    r = {"ttft_ms": v["median_ttft_ms"], "per_session": 1000 / v["median_tpot_ms"],
+                    tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
+                    r = {"ttft_ms": v["median_ttft_ms"], "per_session": 1000 / tpot if tpot > 0 else float("inf"),
                          "aggregate": v["output_throughput"], "failed": v["failed"],
                          "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])}
                 r["server_decode"] = server
-                r["stalled"] = server is None or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT
+                r["stalled"] = (server is None or r["per_session"] is None
+                                or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT)
                 runs[tool].append(r)
                 print(f"c{conc} rep {rep} {tool:5s} ttft {r['ttft_ms']:7.1f} ms  per-session {r['per_session']:8.1f}"
                       f"  aggregate {r['aggregate']:8.1f}  server {server or 0:8.1f}{'  STALLED' * r['stalled']}",

@@ -43,8 +43,18 @@ def cells(out: Path, profile: str) -> list[dict]:
 
 def test_smoke_profile_measures_every_cell_honestly(bench):
     p = bench("--profile", "smoke")
-    assert p.returncode == 0, p.stderr
     got = cells(bench.out, "smoke")
+    timing_only = [c for c in got if c["flags"] and all(f.startswith("stream timing off") for f in c["flags"])]
+    if p.returncode == 1 and timing_only and all(c["valid"] or c in timing_only for c in got):
+        # On the 2-core host the engine's threads and its API server share the cores, and about one run in six
+        # had every stream delivered in bursts (measured: TTFT = last token for all 64 tokens); the harness must
+        # flag that (above: only that flag), and a second run must then be clean.
+        for c in timing_only:
+            server = c["server_counters"]["server_decode_tok_s"]
+            assert server and f"the server's own counters {server:,.0f} tok/s" in c["flags"][0]
+        p = bench("--profile", "smoke")
+        got = cells(bench.out, "smoke")
+    assert p.returncode == 0, p.stderr
     assert len(got) == 8
     for c in got:
         assert c["valid"], c["flags"]

@@ -72,19 +72,28 @@ def _result(i: int, ttft: float, last: float, tokens: int = 512):
 
 
 def test_tokens_arriving_in_one_burst_flag_the_cell():
-    from ds4deploy.bench.run import client_decode_tok_s, judge
+    from ds4deploy.bench.run import client_decode_window, judge
 
     before = parse_metrics((FIX / "vllm-0.32-cpu-metrics-idle.txt").read_text())
     # The server decoded 4 x 511 tokens at 1,150 tok/s per request (0.444 s each).
     server = Counters(**{**before.__dict__, "generation_tokens": 2048.0, "requests_finished": 4.0,
                          "itl_seconds_sum": 4 * 511 / 1150})
     steady = [_result(i, 0.022, 0.022 + 511 / 1150) for i in range(4)]
-    assert client_decode_tok_s(steady) == pytest.approx(1150)
+    tokens, window = client_decode_window(steady)
+    assert tokens == 4 * 511 and tokens / window == pytest.approx(1150)
     assert judge(steady, diff(before, server), before, 1024) == []
     # Two requests as seen on the busy host: first and last token 2 ms apart at the end (TTFT ~= latency).
     burst = [*steady[:2], _result(2, 0.445, 0.447), _result(3, 0.459, 0.461)]
     flags = judge(burst, diff(before, server), before, 1024)
     assert len(flags) == 1 and flags[0].startswith("stream timing off: the client saw 2,290 tok/s decode, the "
                                                    "server's own counters 1,150 tok/s")
-    # Too few tokens to judge: no verdict either way.
-    assert client_decode_tok_s([_result(0, 0.02, 0.021, tokens=8)]) is None
+    # Every token of every request in one read (seen on the busy host: TTFT = last token, 64 tokens).
+    at_once = [_result(i, 0.062, 0.062, tokens=64) for i in range(2)]
+    short = Counters(**{**before.__dict__, "generation_tokens": 128.0, "requests_finished": 2.0,
+                        "itl_seconds_sum": 126 / 1200})
+    (flag,) = judge(at_once, diff(before, short), before, 1024)
+    assert flag.startswith("stream timing off: the client saw every token of each request at once, the server's "
+                           "own counters 1,200 tok/s")
+    # Too little decoding to judge (8 tokens): no verdict either way.
+    few = Counters(**{**before.__dict__, "generation_tokens": 8.0, "requests_finished": 1.0, "itl_seconds_sum": 0.006})
+    assert judge([_result(0, 0.02, 0.02, tokens=8)], diff(before, few), before, 1024) == []

@@ -72,3 +72,53 @@ def test_error_body_message_is_extracted():
     assert msg.startswith("HTTP 400: ")
     assert "max_tokens=4096 cannot be greater than max_model_len=2048" in msg
     assert error_text(b"<html>bad gateway</html>", 502) == "HTTP 502: <html>bad gateway</html>"
+
+
+def test_stream_split_at_any_byte_over_real_http_gives_the_same_record():
+    """feed_stream against a real aiohttp server that writes the captured stream in 7-byte pieces (lines, JSON and
+    multi-byte UTF-8 split across reads), then a pause and a final event without tokens: every field matches the
+    line-by-line replay, and the pause does not move the last token's time."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from ds4deploy.bench.stream import feed_stream
+
+    body = (FIX / "vllm-0.32-cpu-chat-stream.sse").read_bytes() + "data: {\"choices\": [], \"x\": \"é\"}\n\n".encode()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for i in range(0, len(body), 7):
+            if i + 7 >= len(body):
+                await asyncio.sleep(0.2)
+            await resp.write(body[i:i + 7])
+            await asyncio.sleep(0)
+        await resp.write_eof()
+        return resp
+
+    async def main() -> RequestResult:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            result = RequestResult(index=0)
+            parser = StreamParser(result, 12)
+            async with aiohttp.ClientSession() as session:
+                return parser.finish(await feed_stream(session, f"http://127.0.0.1:{port}/v1/chat/completions",
+                                                       {"stream": True}, result, parser))
+        finally:
+            await runner.cleanup()
+
+    got = asyncio.run(main())
+    want = replay("vllm-0.32-cpu-chat-stream.sse", 12)
+    assert got.ok, got.error
+    for field in ("prompt_tokens", "completion_tokens", "token_chunks", "content_chars", "reasoning_chars",
+                  "finish_reason", "output_sha256"):
+        assert getattr(got, field) == getattr(want, field), field
+    assert got.http_status == 200 and got.ttft_s < got.last_token_s < 0.2
