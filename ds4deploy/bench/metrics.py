@@ -42,6 +42,8 @@ NAMES = {
     "spec_num_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "spec_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
     "itl_seconds_sum": "vllm:inter_token_latency_seconds_sum",
+    "ttft_seconds_sum": "vllm:time_to_first_token_seconds_sum",
+    "ttft_count": "vllm:time_to_first_token_seconds_count",
     "requests_running": "vllm:num_requests_running",
     "requests_waiting": "vllm:num_requests_waiting",
 }
@@ -61,6 +63,8 @@ class Counters:
     spec_num_draft_tokens: float | None = None
     spec_num_accepted_tokens: float | None = None
     itl_seconds_sum: float | None = None
+    ttft_seconds_sum: float | None = None
+    ttft_count: float | None = None
     requests_running: float | None = None
     requests_waiting: float | None = None
 
@@ -110,6 +114,8 @@ class CounterDelta:
     spec_num_draft_tokens: float | None
     spec_num_accepted_tokens: float | None
     itl_seconds_sum: float | None = None
+    ttft_seconds_sum: float | None = None
+    ttft_count: float | None = None
 
     @property
     def prefix_cache_hit_rate(self) -> float | None:
@@ -147,10 +153,20 @@ class CounterDelta:
             return None
         return (self.generation_tokens - self.requests_finished) / self.itl_seconds_sum
 
+    @property
+    def server_mean_ttft_s(self) -> float | None:
+        """Mean time to first token over the cell as the server measured it (``time_to_first_token_seconds``: from
+        the request's arrival at the API server to its first token, ``vllm/v1/metrics/stats.py``), seconds; the
+        client's TTFT adds the HTTP round trip and its own reading. None when nothing was counted."""
+        if not self.ttft_count or self.ttft_seconds_sum is None:
+            return None
+        return self.ttft_seconds_sum / self.ttft_count
+
     def as_dict(self) -> dict:
         """Raw differences plus the derived rates, JSON-ready."""
         out = asdict(self)
-        out.update(server_decode_tok_s=self.server_decode_tok_s, prefix_cache_hit_rate=self.prefix_cache_hit_rate,
+        out.update(server_decode_tok_s=self.server_decode_tok_s, server_mean_ttft_s=self.server_mean_ttft_s,
+                   prefix_cache_hit_rate=self.prefix_cache_hit_rate,
                    spec_accepted_per_draft=self.spec_accepted_per_draft,
                    spec_tokens_per_round=self.spec_tokens_per_round,
                    spec_acceptance_rate=self.spec_acceptance_rate)

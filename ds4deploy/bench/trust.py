@@ -123,15 +123,17 @@ def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCou
     return json.loads((work / result).read_text())
 
 
-def _server_rates(scrape, run) -> tuple[dict, float | None]:
-    """Run `run()` between two /metrics scrapes; returns its result and the server's own per-session decode rate
-    over the run (`ds4deploy.bench.metrics.CounterDelta.server_decode_tok_s`), tok/s."""
+def _server_rates(scrape, run) -> tuple[dict, float | None, float | None]:
+    """Run `run()` between two /metrics scrapes; returns its result, the server's own per-session decode rate over
+    the run (`ds4deploy.bench.metrics.CounterDelta.server_decode_tok_s`, tok/s) and its mean TTFT
+    (`CounterDelta.server_mean_ttft_s`, ms)."""
     before = scrape()
     out = run()
     after = scrape()
     if before is None or after is None:
-        return out, None
-    return out, prom.diff(before, after).server_decode_tok_s
+        return out, None, None
+    d = prom.diff(before, after)
+    return out, d.server_decode_tok_s, None if d.server_mean_ttft_s is None else d.server_mean_ttft_s * 1000
 
 
 def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter, scrape) -> list[dict]:
@@ -149,19 +151,20 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
             order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
             for tool in order:
                 if tool == "ours":
-                    c, server = _server_rates(
+                    c, server, server_ttft = _server_rates(
                         scrape, lambda conc=conc: ours(a, work, conc, a.requests_per_session, a.output_tokens))
                     r = {"ttft_ms": c["median_ttft_ms"], "per_session": c["decode_tok_s"],
                          "aggregate": c["output_throughput"], "valid": c["valid"], "flags": c["flags"],
                          "prompt_tokens": c["prompt_tokens_median"]}
                 else:
-                    v, server = _server_rates(
+                    v, server, server_ttft = _server_rates(
                         scrape, lambda conc=conc: theirs(a, work, key, counter, conc, a.requests_per_session))
                     tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
                     r = {"ttft_ms": v["median_ttft_ms"], "per_session": 1000 / tpot if tpot > 0 else float("inf"),
                          "aggregate": v["output_throughput"], "failed": v["failed"],
                          "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])}
                 r["server_decode"] = server
+                r["server_ttft_ms"] = server_ttft
                 r["stalled"] = (server is None or r["per_session"] is None
                                 or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT)
                 runs[tool].append(r)
@@ -175,8 +178,9 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
             row[m] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
                       "ours_range": [min(r[m] for r in runs["ours"]), max(r[m] for r in runs["ours"])],
                       "vllm_range": [min(r[m] for r in runs["vllm"]), max(r[m] for r in runs["vllm"])]}
-        for m in ("per_session", "aggregate"):
-            ratios = {t: [r[m] / r["server_decode"] for r in runs[t] if not r["stalled"]] for t in runs}
+        for m in ("ttft_ms", "per_session", "aggregate"):
+            ref = "server_ttft_ms" if m == "ttft_ms" else "server_decode"
+            ratios = {t: [r[m] / r[ref] for r in runs[t] if not r["stalled"] and r[ref]] for t in runs}
             if all(ratios.values()):
                 o, v = statistics.median(ratios["ours"]), statistics.median(ratios["vllm"])
                 row[m]["vs_server"] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
@@ -242,16 +246,18 @@ def write_doc(res: dict, path: Path) -> None:
                          f"{d['vllm_range'][1]:.1f}) | {_pct(d['rel_diff'])} |")
     lines += [
         "",
-        "The same runs, each tool's figure divided by the server's own decode rate in the same run (its inter-token "
-        "latency counters, scraped before and after every run): this takes out the server getting faster or slower "
-        "between runs on the shared host. Runs whose per-session figure is more than "
+        "The same runs, each tool's figure divided by the server's own figure in the same run (scraped from /metrics "
+        "before and after every run: its mean time to first token for TTFT, its inter-token latency counters' "
+        "decode rate for the tok/s rows): this takes out the server getting faster or slower between runs on the "
+        "shared host. A TTFT ratio above 1 is the HTTP round trip plus the client's own lag. Runs whose per-session "
+        "figure is more than "
         f"{STREAM_DISAGREE_LIMIT:.0%} from the server's (tokens delivered in bursts) are left out and counted.",
         "",
         "| conc. | metric | ours / server | vllm bench serve / server | ours vs vLLM | runs used (stalled) |",
         "|---|---|---|---|---|---|",
     ]
     for row in res["comparison"]:
-        for m in ("per_session", "aggregate"):
+        for m in ("ttft_ms", "per_session", "aggregate"):
             x = row[m].get("vs_server")
             if x is None:
                 lines.append(f"| {row['concurrency']} | {names[m]} | - | - | no unstalled run of one tool | - |")

@@ -29,6 +29,7 @@ def test_two_identical_prompts_show_the_second_served_by_the_cache():
     assert d.prefix_cache_hit_rate == pytest.approx(1024 / 2060)
     assert d.requests_finished == 2
     assert d.spec_accepted_per_draft is None and d.spec_tokens_per_round is None
+    assert d.server_mean_ttft_s == pytest.approx(0.04062247276306152 / 2)  # the server's own TTFT histogram
 
 
 def test_spec_decode_counters_give_acceptance():
