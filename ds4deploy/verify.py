@@ -9,8 +9,17 @@ Worker count (`default_workers`): one thread per core this process may run on (`
 honours taskset/cgroup cpusets, else ``os.cpu_count()``), capped by the number of files to hash. One sha256
 stream cannot be split across cores and runs at about 1.9 GB/s per core with SHA-NI (measured here: AMD EPYC,
 OpenSSL 3.0, see docs/bench-verify.md), so more threads than cores cannot hash faster, while one per core lets
-the machine reach ``min(disk read, cores x single-core sha256)``; the kernel's readahead keeps each sequential
-reader's disk queue full. Files are hashed largest first so the last shards do not leave cores idle.
+the machine reach ``min(disk read, cores x single-core sha256)``. Files are hashed largest first so the last shards
+do not leave cores idle.
+
+Reading (`hash_fd`), measured cold on the 2-core CI machine (docs/bench-verify.md): a thread that reads then
+hashes leaves its core idle while it waits for the disk, so each file gets its own reader thread that keeps
+`READ_AHEAD` 1 MiB buffers filled ahead of the hashing thread (0.65 -> ~0.88 of the disk-read limit). And a file
+that was not in the page cache when verification began is dropped from it as it is hashed
+(``POSIX_FADV_DONTNEED`` every `DROP_EVERY` bytes): verifying 166.9 GB (SEEDS B) through a 121 GB node's page
+cache would otherwise evict everything else on it, and re-using the same freed pages cost here 0.2 instead of up to
+1.1 CPU-seconds of kernel time per 4.3 GB read. A file already cached stays cached (probed with an
+``RWF_NOWAIT`` read of its first page).
 
 The sidecar: after a file verifies, its ``size``, ``mtime_ns``, ``ctime_ns``, inode, device and digest are
 recorded in a JSON file under the user's cache directory (`sidecar_path`; not inside the model directory, which
@@ -36,6 +45,7 @@ import contextlib
 import hashlib
 import json
 import os
+import queue
 import stat
 import tempfile
 import threading
@@ -46,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CHUNK = 1 << 20  # bytes per read; 1 MiB reads hash at the same speed as 16 MiB ones here (docs/bench-verify.md)
+READ_AHEAD = 8  # buffers the reader thread of one file keeps filled ahead of its hashing thread (8 MiB)
+DROP_EVERY = 16 << 20  # bytes between page-cache drops behind the reader (files that were not cached)
 SIDECAR_VERSION = 1
 
 OK_STATUSES = ("ok", "cached")
@@ -145,14 +157,30 @@ def expected_digest(entry: dict) -> tuple[str, str]:
     return "git_sha1", entry["git_sha1"]
 
 
+def in_page_cache(fd: int) -> bool:
+    """Whether the first page of an open file is in the page cache (a read with ``RWF_NOWAIT`` succeeds); True
+    where the probe is not supported, so that nothing is dropped from a cache we cannot see. On an uncached file
+    the probe itself starts readahead of the first pages, so a second probe may answer True."""
+    try:
+        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
+    except BlockingIOError:
+        return False
+    except (AttributeError, OSError):
+        return True
+    return True
+
+
 def hash_fd(fd: int, kind: str, size: int, on_bytes: Callable[[int], None] | None = None) -> str:
-    """Hex digest of an open file read from offset 0 in `CHUNK` reads.
+    """Hex digest of an open file read from offset 0 in `CHUNK` reads by a reader thread `READ_AHEAD` buffers ahead
+    of the hashing (calling) thread (module docstring, "Reading").
 
     Args:
         fd: an open file descriptor (read from its start; the offset is moved).
         kind: ``sha256``, or ``git_sha1`` (sha1 over ``b"blob <size>\\0"`` + content, as git computes it).
         size: the file's size in bytes (used for the git header).
         on_bytes: called with the byte count of each chunk (progress).
+    Raises:
+        OSError: a read failed (raised in the calling thread).
     """
     if kind == "sha256":
         h = hashlib.sha256()
@@ -160,13 +188,49 @@ def hash_fd(fd: int, kind: str, size: int, on_bytes: Callable[[int], None] | Non
         h = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
     with contextlib.suppress(AttributeError, OSError):  # a hint for the kernel's readahead; not on every OS
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+    drop = not in_page_cache(fd)
     os.lseek(fd, 0, os.SEEK_SET)
-    buf = bytearray(CHUNK)
-    view = memoryview(buf)
-    while n := os.readv(fd, [view]):
-        h.update(view[:n])
-        if on_bytes is not None:
-            on_bytes(n)
+    free: queue.SimpleQueue = queue.SimpleQueue()
+    full: queue.SimpleQueue = queue.SimpleQueue()
+    for _ in range(READ_AHEAD):
+        free.put(bytearray(CHUNK))
+
+    def read_ahead() -> None:
+        offset = dropped = 0
+        while (buf := free.get()) is not None:
+            try:
+                n = os.readv(fd, [buf])
+            except OSError as exc:
+                full.put((None, 0, exc))
+                return
+            full.put((buf, n, None))
+            if n == 0:
+                return
+            offset += n
+            if drop and offset - dropped >= DROP_EVERY:
+                with contextlib.suppress(AttributeError, OSError):
+                    os.posix_fadvise(fd, dropped, offset - dropped, os.POSIX_FADV_DONTNEED)
+                dropped = offset
+
+    reader = threading.Thread(target=read_ahead, name="ds4-verify-read", daemon=True)
+    reader.start()
+    try:
+        while True:
+            buf, n, err = full.get()
+            if err is not None:
+                raise err
+            if n == 0:
+                break
+            h.update(memoryview(buf)[:n])
+            if on_bytes is not None:
+                on_bytes(n)
+            free.put(buf)
+    finally:
+        free.put(None)  # the reader stops at its next buffer request
+        reader.join()
+    if drop:
+        with contextlib.suppress(AttributeError, OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     return h.hexdigest()
 
 

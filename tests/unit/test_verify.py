@@ -191,3 +191,41 @@ def test_cli_table_json_full_and_exit_codes(recipe_dir, tmp_path):
     assert "model.safetensors: size 1000 bytes, manifest says 5382640" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("model", "verify", "cpu", "--dir", str(tmp_path / "nope"), env_dir=recipe_dir)
     assert p.returncode == 2 and "does not exist" in p.stderr
+
+
+def _uncached(path) -> None:
+    with open(path, "rb+") as fh:
+        os.fsync(fh.fileno())
+        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+
+
+def test_read_ahead_hash_is_exact_and_leaves_the_page_cache_as_it_found_it(tmp_path):
+    data = os.urandom(40 * verify.CHUNK + 12345)  # more than READ_AHEAD buffers and DROP_EVERY, not chunk-aligned
+    path = tmp_path / "shard.bin"
+    path.write_bytes(data)
+    want = hashlib.sha256(data).hexdigest()
+    git = hashlib.sha1(f"blob {len(data)}\0".encode() + data, usedforsecurity=False).hexdigest()
+    _uncached(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        # No probe before hashing: a RWF_NOWAIT read of an uncached page starts readahead of it (seen here), which
+        # would make hash_fd's own probe see a cached file.
+        seen = []
+        assert verify.hash_fd(fd, "sha256", len(data), seen.append) == want
+        assert sum(seen) == len(data)
+        assert not verify.in_page_cache(fd)  # not cached before: dropped behind the reader, not left to evict others
+        os.pread(fd, len(data), 0)  # now cached: verification must keep it so
+        assert verify.in_page_cache(fd)
+        assert verify.hash_fd(fd, "git_sha1", len(data)) == git
+        assert verify.in_page_cache(fd)
+    finally:
+        os.close(fd)
+
+
+def test_a_read_error_in_the_reader_thread_reaches_the_caller(tmp_path):
+    fd = os.open(tmp_path, os.O_RDONLY)  # a directory: read() fails with EISDIR in the reader thread
+    try:
+        with pytest.raises(IsADirectoryError):
+            verify.hash_fd(fd, "sha256", 0)
+    finally:
+        os.close(fd)
