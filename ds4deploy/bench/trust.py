@@ -139,9 +139,10 @@ def _server_rates(scrape, run) -> tuple[dict, float | None, float | None]:
 def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter, scrape) -> list[dict]:
     """Interleaved repeats per concurrency; returns one row per concurrency with both tools' per-run values.
 
-    Every run is bracketed by /metrics scrapes, so each tool's figures also come as a ratio to the server's own
-    decode rate in the same run (`_server_rates`): that ratio does not move when the shared host makes the server
-    itself faster or slower between runs, which is most of the run-to-run spread here. A run whose per-session
+    Every run is bracketed by /metrics scrapes (ours: by the harness around its cell, which leaves out its probe
+    request), so each tool's figures also come as a ratio to the server's own figure in the same run: that ratio
+    does not move when the shared host makes the server itself faster or slower between runs, which is most of
+    the run-to-run spread here. A run whose per-session
     figure is more than `STREAM_DISAGREE_LIMIT` from the server's is "stalled" (tokens arrived in bursts, the same
     guard `ds4deploy bench run` applies per cell) and left out of the ratios; the table says how many."""
     rows = []
@@ -151,8 +152,12 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
             order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
             for tool in order:
                 if tool == "ours":
-                    c, server, server_ttft = _server_rates(
-                        scrape, lambda conc=conc: ours(a, work, conc, a.requests_per_session, a.output_tokens))
+                    # The harness scrapes /metrics right around the cell itself: bracketing the whole subprocess
+                    # would also count its probe request (a short prompt: a lower mean TTFT, ~1 ms here).
+                    c = ours(a, work, conc, a.requests_per_session, a.output_tokens)
+                    sc = c["server_counters"] or {}
+                    server = sc.get("server_decode_tok_s")
+                    server_ttft = None if sc.get("server_mean_ttft_s") is None else sc["server_mean_ttft_s"] * 1000
                     r = {"ttft_ms": c["median_ttft_ms"], "per_session": c["decode_tok_s"],
                          "aggregate": c["output_throughput"], "valid": c["valid"], "flags": c["flags"],
                          "prompt_tokens": c["prompt_tokens_median"]}
