@@ -168,13 +168,18 @@ def test_head_alone_fails_clearly_and_leaves_nothing(pair, supervisor):
 
 
 def test_bad_inventories_stop_before_any_host_is_touched(tmp_path):
-    """Two nodes on one rank, a missing head, one address twice: one message each, nothing started."""
+    """Two nodes on one rank, a missing head, one address twice, an address outside the node network, a worker
+    that cannot be reached: one message each, nothing started."""
     base = yaml.safe_load(INVENTORY.read_text())
     cases = {
         "rank twice": ({"node-b": {"ds4_node_rank": 0}}, "both have ds4_node_rank 0"),
         "no head": ({"node-a": None}, "no head in the inventory"),
         "address twice": ({"node-b": {"ds4_host_ip": "172.31.251.10"}}, "both have address 172.31.251.10"),
         "outside the node network": ({"node-b": {"ds4_host_ip": "10.9.9.9"}}, "outside the node network"),
+        # A worker Ansible cannot reach (TEST-NET-1 answers "connection refused" here): the head must not start.
+        "unreachable worker": ({"node-b": {"ansible_connection": "ssh", "ansible_host": "192.0.2.1",
+                                           "ansible_ssh_common_args": "-o ConnectTimeout=5"}},
+                               "node(s) node-b failed or were unreachable"),
     }
     for name, (patch, message) in cases.items():
         inv = json.loads(json.dumps(base))
