@@ -72,6 +72,9 @@ CACHE_HIT_FREE_TOKENS = 32
 STREAM_DISAGREE_LIMIT = 0.20
 STREAM_CHECK_MIN_TOKENS = 64
 STREAM_CHECK_MIN_S = 0.05
+# ... and only when the median answer has >= 16 tokens: an answer that ends on EOS has one engine step the client
+# never sees (no text), which alone moves a short answer's client rate by (n - 1) / (n - 2): 20 % at 7 tokens.
+STREAM_CHECK_MIN_LENGTH = 16
 # Seconds to wait for a response chunk: must exceed the longest TTFT (SEEDS B: 555.55 s at 524,288 tokens).
 DEFAULT_TIMEOUT_S = 3600.0
 # Request numbers reserved per clock-sweep point (salts stay 6 digits wide for up to 49 points; ClockSweep caps it).
@@ -195,6 +198,9 @@ def stream_timing_flag(cell_results: list, delta: prom.CounterDelta | None) -> s
     server = delta.server_decode_tok_s if delta is not None else None
     tokens, window = client_decode_window(cell_results)
     if server is None or tokens < STREAM_CHECK_MIN_TOKENS or tokens / server < STREAM_CHECK_MIN_S:
+        return None
+    lengths = sorted(r.completion_tokens for r in cell_results if r.ok and r.completion_tokens)
+    if not lengths or lengths[len(lengths) // 2] < STREAM_CHECK_MIN_LENGTH:
         return None
     if window > 0 and abs(tokens / window / server - 1) <= STREAM_DISAGREE_LIMIT:
         return None

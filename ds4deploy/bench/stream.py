@@ -93,6 +93,9 @@ class StreamParser:
         except json.JSONDecodeError:
             self.r.error = f"undecodable stream chunk: {payload[:200]}"
             return
+        if not isinstance(data, dict):
+            self.r.error = f"stream chunk is not a JSON object: {payload[:200]}"
+            return
         if "error" in data and not data.get("choices"):
             err = data["error"]
             self.r.error = err.get("message", str(err)) if isinstance(err, dict) else str(err)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import secrets
@@ -158,14 +159,16 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                     sc = c["server_counters"] or {}
                     server = sc.get("server_decode_tok_s")
                     server_ttft = None if sc.get("server_mean_ttft_s") is None else sc["server_mean_ttft_s"] * 1000
-                    r = {"ttft_ms": c["median_ttft_ms"], "per_session": c["decode_tok_s"],
+                    r = {"ttft_ms": c["median_ttft_ms"], "ttft_mean_ms": c["mean_ttft_ms"],
+                         "per_session": c["decode_tok_s"],
                          "aggregate": c["output_throughput"], "valid": c["valid"], "flags": c["flags"],
                          "prompt_tokens": c["prompt_tokens_median"]}
                 else:
                     v, server, server_ttft = _server_rates(
                         scrape, lambda conc=conc: theirs(a, work, key, counter, conc, a.requests_per_session))
                     tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
-                    r = {"ttft_ms": v["median_ttft_ms"], "per_session": 1000 / tpot if tpot > 0 else float("inf"),
+                    r = {"ttft_ms": v["median_ttft_ms"], "ttft_mean_ms": v["mean_ttft_ms"],
+                         "per_session": 1000 / tpot if tpot > 0 else float("inf"),
                          "aggregate": v["output_throughput"], "failed": v["failed"],
                          "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])}
                 r["server_decode"] = server
@@ -178,14 +181,18 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                       flush=True)
         row: dict = {"concurrency": conc, "runs": runs}
         for m in ("ttft_ms", "per_session", "aggregate"):
-            o = statistics.median(r[m] for r in runs["ours"])
-            v = statistics.median(r[m] for r in runs["vllm"])
+            # A run without a finite figure (every token at once: zero TPOT, no decode window) is left out here;
+            # it is "stalled" in the server-relative table, which counts it.
+            fin = {t: [r[m] for r in runs[t] if r[m] is not None and math.isfinite(r[m])] or [math.nan]
+                   for t in runs}
+            o, v = statistics.median(fin["ours"]), statistics.median(fin["vllm"])
             row[m] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
-                      "ours_range": [min(r[m] for r in runs["ours"]), max(r[m] for r in runs["ours"])],
-                      "vllm_range": [min(r[m] for r in runs["vllm"]), max(r[m] for r in runs["vllm"])]}
+                      "ours_range": [min(fin["ours"]), max(fin["ours"])],
+                      "vllm_range": [min(fin["vllm"]), max(fin["vllm"])]}
         for m in ("ttft_ms", "per_session", "aggregate"):
-            ref = "server_ttft_ms" if m == "ttft_ms" else "server_decode"
-            ratios = {t: [r[m] / r[ref] for r in runs[t] if not r["stalled"] and r[ref]] for t in runs}
+            # TTFT: each client's mean against the server's mean (its histogram gives no median).
+            ref, mine = ("server_ttft_ms", "ttft_mean_ms") if m == "ttft_ms" else ("server_decode", m)
+            ratios = {t: [r[mine] / r[ref] for r in runs[t] if not r["stalled"] and r[ref]] for t in runs}
             if all(ratios.values()):
                 o, v = statistics.median(ratios["ours"]), statistics.median(ratios["vllm"])
                 row[m]["vs_server"] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,

@@ -98,3 +98,20 @@ def test_tokens_arriving_in_one_burst_flag_the_cell():
     # Too little decoding to judge (8 tokens): no verdict either way.
     few = Counters(**{**before.__dict__, "generation_tokens": 8.0, "requests_finished": 1.0, "itl_seconds_sum": 0.006})
     assert judge([_result(0, 0.02, 0.02, tokens=8)], diff(before, few), before, 1024) == []
+
+
+def test_short_answers_ending_on_eos_get_no_timing_verdict():
+    from ds4deploy.bench.run import judge
+
+    before = parse_metrics((FIX / "vllm-0.32-cpu-metrics-idle.txt").read_text())
+    # 16 answers of 6 tokens at 1,150 tok/s: the EOS step carries no text, so the client sees 4 of the 5 decode
+    # steps (25 % faster than the server) - an artefact of short answers, not a stalled stream.
+    server = Counters(**{**before.__dict__, "generation_tokens": 96.0, "requests_finished": 16.0,
+                         "itl_seconds_sum": 16 * 5 / 1150})
+    short = [_result(i, 0.02, 0.02 + 4 / 1150, tokens=6) for i in range(16)]
+    assert judge(short, diff(before, server), before, 1024) == []
+    # The same timing with long answers is judged (and flagged).
+    longer = [_result(i, 0.02, 0.02 + 36 / 1150 * 0.7, tokens=37) for i in range(16)]
+    server_long = Counters(**{**before.__dict__, "generation_tokens": 16 * 37.0, "requests_finished": 16.0,
+                              "itl_seconds_sum": 16 * 36 / 1150})
+    assert judge(longer, diff(before, server_long), before, 1024)[0].startswith("stream timing off")

@@ -122,3 +122,11 @@ def test_stream_split_at_any_byte_over_real_http_gives_the_same_record():
                   "finish_reason", "output_sha256"):
         assert getattr(got, field) == getattr(want, field), field
     assert got.http_status == 200 and got.ttft_s < got.last_token_s < 0.2
+
+
+def test_a_chunk_that_is_json_but_not_an_object_fails_the_request_cleanly():
+    for line in ("data: 5", "data: [1, 2]", 'data: "x"'):
+        p = StreamParser(RequestResult(index=0), 12)
+        p.feed(line, 0.1)
+        r = p.finish(0.2)
+        assert not r.ok and r.error.startswith("stream chunk is not a JSON object"), line
