@@ -61,11 +61,18 @@ class Node:
         return env
 
 
-def _host_ip(name: str, hv: dict) -> str | None:
+def _host_ip(name: str, hv: dict, recipe: Recipe) -> str | None:
+    """The node's address for VLLM_HOST_IP / the master address: ds4_host_ip, else its address on the recipe's
+    first rail (the netdev NCCL/GLOO/TP_SOCKET_IFNAME name, `ds4deploy.render`), not on whichever rail the
+    inventory happens to list first."""
     ip = hv.get("ds4_host_ip")
     if ip is None:
         rails = hv.get("ds4_rails") or {}
-        first = next(iter(rails.values()), {}) if isinstance(rails, dict) else {}
+        first_rail = recipe.fabric.rails[0].name if recipe.fabric is not None else None
+        if isinstance(rails, dict) and first_rail in rails:
+            first = rails[first_rail]
+        else:
+            first = next(iter(rails.values()), {}) if isinstance(rails, dict) else {}
         ip = (first or {}).get("address")
         if ip:
             ip = str(ip).split("/")[0]
@@ -116,7 +123,7 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
     nodes_by_rank: dict[int, tuple[str, str, str]] = {}
     for r, name in sorted(ranks.items()):
         hv = hosts[name]
-        ip = _host_ip(name, hv)
+        ip = _host_ip(name, hv, recipe)
         if ip is None:
             raise UserError(f"inventory host {name} has no ds4_host_ip (and no ds4_rails address to take it from)",
                             "set ds4_host_ip to the node's address on the inter-node network (each node its own: "

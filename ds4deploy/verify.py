@@ -19,7 +19,9 @@ that was not in the page cache when verification began is dropped from it as it 
 (``POSIX_FADV_DONTNEED`` every `DROP_EVERY` bytes): verifying 166.9 GB (SEEDS B) through a 121 GB node's page
 cache would otherwise evict everything else on it, and re-using the same freed pages cost here 0.2 instead of up to
 1.1 CPU-seconds of kernel time per 4.3 GB read. A file already cached (probed with an ``RWF_NOWAIT`` read of its
-first page) stays cached and is hashed without the reader thread, which only costs when nothing waits on a disk.
+first, middle and last pages) stays cached and is hashed without the reader thread, which only costs when nothing
+waits on a disk; where the filesystem cannot tell (no ``RWF_NOWAIT``: NFS, FUSE), files are read ahead and the
+cache is left alone.
 
 The sidecar: after a file verifies, its ``size``, ``mtime_ns``, ``ctime_ns``, inode, device and digest are
 recorded in a JSON file under the user's cache directory (`sidecar_path`; not inside the model directory, which
@@ -157,23 +159,28 @@ def expected_digest(entry: dict) -> tuple[str, str]:
     return "git_sha1", entry["git_sha1"]
 
 
-def in_page_cache(fd: int) -> bool:
-    """Whether the first page of an open file is in the page cache (a read with ``RWF_NOWAIT`` succeeds); True
-    where the probe is not supported, so that nothing is dropped from a cache we cannot see. On an uncached file
-    the probe itself starts readahead of the first pages, so a second probe may answer True."""
-    try:
-        os.preadv(fd, [bytearray(4096)], 0, os.RWF_NOWAIT)
-    except BlockingIOError:
-        return False
-    except (AttributeError, OSError):
-        return True
+def page_cache_state(fd: int, size: int) -> bool | None:
+    """Whether an open file is in the page cache: True when its first, middle and last pages all are (reads with
+    ``RWF_NOWAIT`` succeed), False when one is not, None when the filesystem cannot tell (``RWF_NOWAIT``
+    unsupported: EOPNOTSUPP on tmpfs, NFS, FUSE, older overlayfs). Three pages, not one: a loader that read only
+    a shard's header leaves its first page cached. A probe of an uncached page starts readahead of it, so a
+    second call may answer differently."""
+    offsets = sorted({0, (size // 2) & ~4095, max(0, size - 1) & ~4095})
+    for offset in offsets:
+        try:
+            os.preadv(fd, [bytearray(4096)], offset, os.RWF_NOWAIT)
+        except BlockingIOError:
+            return False
+        except (AttributeError, OSError):
+            return None
     return True
 
 
 def hash_fd(fd: int, kind: str, size: int, on_bytes: Callable[[int], None] | None = None) -> str:
     """Hex digest of an open file read from offset 0 in `CHUNK` reads: by a reader thread `READ_AHEAD` buffers ahead
-    of the hashing (calling) thread, dropping what it read from the page cache, when the file was not cached; in
-    the calling thread when it was (module docstring, "Reading").
+    of the hashing (calling) thread, dropping what it read from the page cache when the file was not cached
+    (`page_cache_state` False; None: read ahead, drop nothing); in the calling thread when it was cached (module
+    docstring, "Reading").
 
     Args:
         fd: an open file descriptor (read from its start; the offset is moved).
@@ -189,9 +196,10 @@ def hash_fd(fd: int, kind: str, size: int, on_bytes: Callable[[int], None] | Non
         h = hashlib.sha1(f"blob {size}\0".encode(), usedforsecurity=False)
     with contextlib.suppress(AttributeError, OSError):  # a hint for the kernel's readahead; not on every OS
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-    drop = not in_page_cache(fd)
+    cached = page_cache_state(fd, size)
+    drop = cached is False  # unknown: keep whatever cache there is, but still read ahead (network filesystems)
     os.lseek(fd, 0, os.SEEK_SET)
-    if not drop:
+    if cached:
         # Cached: nothing to wait for, so no reader thread (handing buffers between threads cost ~6 % here).
         buf = bytearray(CHUNK)
         view = memoryview(buf)
@@ -217,7 +225,7 @@ def hash_fd(fd: int, kind: str, size: int, on_bytes: Callable[[int], None] | Non
             if n == 0:
                 return
             offset += n
-            if offset - dropped >= DROP_EVERY:
+            if drop and offset - dropped >= DROP_EVERY:
                 with contextlib.suppress(AttributeError, OSError):
                     os.posix_fadvise(fd, dropped, offset - dropped, os.POSIX_FADV_DONTNEED)
                 dropped = offset
@@ -238,8 +246,9 @@ def hash_fd(fd: int, kind: str, size: int, on_bytes: Callable[[int], None] | Non
     finally:
         free.put(None)  # the reader stops at its next buffer request
         reader.join()
-    with contextlib.suppress(AttributeError, OSError):
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    if drop:
+        with contextlib.suppress(AttributeError, OSError):
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     return h.hexdigest()
 
 

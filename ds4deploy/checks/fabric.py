@@ -16,6 +16,7 @@ gives 8-25 Gb/s its own status): only a full AC power-off and discharge fixes it
 
 from __future__ import annotations
 
+import re
 import shlex
 import tempfile
 import time
@@ -394,7 +395,15 @@ def launch_env(recipe: Recipe, node: str, rails: dict, dump: str, sysfs: str | P
             "check the node's ConnectX ports with `rdma link show` / `ls /sys/class/infiniband` (mlx5_ib loaded, "
             f"ports cabled and up), or deploy a recipe without a fabric section to this node. {NOTHING_STARTED}",
         )
-    table = gid_table_from_dump(dump, sysfs)
+    try:
+        table = gid_table_from_dump(dump, sysfs)
+    except UserError as exc:
+        # The dump is rebuilt in a temporary tree on the control host: name the node's own path instead.
+        cause = re.sub(r"/\S*?ds4deploy-gids-[^/]+", root, exc.cause)
+        raise UserError(f"{node}: {cause}",
+                        f"check that the deploy reads {root}/class/infiniband as root on {node} (become) and that "
+                        f"its GID table is readable there (`cat {root}/class/infiniband/*/ports/1/gids/0`). "
+                        f"{NOTHING_STARTED}") from exc
     resolved = []
     for rail, hca in wanted:
         address = ((rails or {}).get(rail.name) or {}).get("address")

@@ -166,3 +166,21 @@ def test_cli_launch_env(tmp_path, capsys):
     assert "error: --rails is list, not a mapping" in capsys.readouterr().err
     assert main([*argv[:-4], "--dump-file", str(tmp_path / "missing"), "--rails", "{}"]) == 2
     assert "error: cannot read --dump-file" in capsys.readouterr().err
+
+
+def test_an_unreadable_gid_file_names_the_node_and_its_own_path(gb10_recipe, tmp_path):
+    import shutil
+
+    root = tmp_path / "sys"
+    shutil.copytree(trees.GB10, root)
+    slot = root / "class" / "infiniband" / "rocep1s0f1" / "ports" / "1" / "gids" / "3"
+    slot.unlink()
+    slot.mkdir()  # a read that fails with something else than EINVAL (here: EISDIR), through the real dump
+    dump = dump_of(root)
+    assert "#ERR" in dump
+    with pytest.raises(UserError) as exc:
+        fabric.launch_env(gb10_recipe, "node-a", trees.GB10_RAILS, dump, root)
+    cause, fix = exc.value.cause, exc.value.fix
+    assert cause.startswith("node-a: cannot read ") and f"{root}/class/infiniband/rocep1s0f1" in cause
+    assert "ds4deploy-gids-" not in cause  # not the control host's temporary copy
+    assert "node-a" in fix and fix.endswith(fabric.NOTHING_STARTED)

@@ -66,6 +66,9 @@ def test_gx10_nodes_take_their_address_from_the_first_rail_and_may_not_share_a_m
     nodes = plan(recipe, hosts)
     assert [n.host_ip for n in nodes] == ["10.100.184.1", "10.100.184.2"]
     assert {n.master_addr for n in nodes} == {"10.100.184.1"}
+    # The recipe's first rail (where the socket ifnames point), whatever order the inventory lists the rails in.
+    hosts["spark-b"]["ds4_rails"] = dict(reversed(hosts["spark-b"]["ds4_rails"].items()))
+    assert [n.host_ip for n in plan(recipe, hosts)] == ["10.100.184.1", "10.100.184.2"]
     hosts["spark-b"]["ansible_host"] = "10.0.0.1"
     with pytest.raises(UserError, match="are the same machine"):
         plan(recipe, hosts)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -213,11 +214,12 @@ def test_read_ahead_hash_is_exact_and_leaves_the_page_cache_as_it_found_it(tmp_p
         seen = []
         assert verify.hash_fd(fd, "sha256", len(data), seen.append) == want
         assert sum(seen) == len(data)
-        assert not verify.in_page_cache(fd)  # not cached before: dropped behind the reader, not left to evict others
+        # Not cached before: dropped behind the reader, not left to evict others.
+        assert verify.page_cache_state(fd, len(data)) is False
         os.pread(fd, len(data), 0)  # now cached: verification must keep it so
-        assert verify.in_page_cache(fd)
+        assert verify.page_cache_state(fd, len(data)) is True
         assert verify.hash_fd(fd, "git_sha1", len(data)) == git
-        assert verify.in_page_cache(fd)
+        assert verify.page_cache_state(fd, len(data)) is True
     finally:
         os.close(fd)
 
@@ -229,3 +231,31 @@ def test_a_read_error_in_the_reader_thread_reaches_the_caller(tmp_path):
             verify.hash_fd(fd, "sha256", 0)
     finally:
         os.close(fd)
+
+
+def test_a_file_with_only_its_header_cached_counts_as_uncached(tmp_path):
+    path = tmp_path / "shard.bin"
+    path.write_bytes(os.urandom(24 * verify.CHUNK))
+    _uncached(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 4096, 0)  # a loader read the safetensors header only
+        assert verify.page_cache_state(fd, 24 * verify.CHUNK) is False
+    finally:
+        os.close(fd)
+
+
+def test_a_filesystem_that_cannot_tell_is_read_ahead_and_left_alone(tmp_path):
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm (tmpfs) on this host")
+    data = os.urandom(3 * verify.CHUNK + 7)
+    path = shm / f"ds4deploy-test-{os.getpid()}.bin"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert verify.page_cache_state(fd, len(data)) is None  # tmpfs: RWF_NOWAIT unsupported
+        assert verify.hash_fd(fd, "sha256", len(data)) == hashlib.sha256(data).hexdigest()
+    finally:
+        os.close(fd)
+        path.unlink()
