@@ -259,22 +259,27 @@ def write_doc(res: dict, path: Path) -> None:
     lines += [
         "",
         "The same runs, each tool's figure divided by the server's own figure in the same run (scraped from /metrics "
-        "before and after every run: its mean time to first token for TTFT, its inter-token latency counters' "
-        "decode rate for the tok/s rows): this takes out the server getting faster or slower between runs on the "
-        "shared host. A TTFT ratio above 1 is the HTTP round trip plus the client's own lag. Runs whose per-session "
-        "figure is more than "
+        "around every run, for ours around its cell so its probe request is left out: the server's mean time to "
+        "first token for the client's mean TTFT, its inter-token latency counters' decode rate for the tok/s rows): "
+        "this takes out the server getting faster or slower between runs on the shared host. A TTFT ratio above 1 "
+        "is the HTTP round trip, the API server's work before the engine sees the request, and the client's own "
+        "lag. Runs whose per-session figure is more than "
         f"{STREAM_DISAGREE_LIMIT:.0%} from the server's (tokens delivered in bursts) are left out and counted.",
         "",
-        "| conc. | metric | ours / server | vllm bench serve / server | ours vs vLLM | runs used (stalled) |",
+        "| conc. | metric (/ the server's own) | ours / server | vllm bench serve / server | ours vs vLLM | runs used "
+        "(stalled) |",
         "|---|---|---|---|---|---|",
     ]
+    rel_names = {"ttft_ms": "TTFT mean, ms (/ server's mean TTFT)",
+                 "per_session": "per-session output tok/s (/ server decode tok/s)",
+                 "aggregate": "aggregate output tok/s (/ server decode tok/s)"}
     for row in res["comparison"]:
         for m in ("ttft_ms", "per_session", "aggregate"):
             x = row[m].get("vs_server")
             if x is None:
-                lines.append(f"| {row['concurrency']} | {names[m]} | - | - | no unstalled run of one tool | - |")
+                lines.append(f"| {row['concurrency']} | {rel_names[m]} | - | - | no unstalled run of one tool | - |")
                 continue
-            lines.append(f"| {row['concurrency']} | {names[m]} | {x['ours']:.3f} | {x['vllm']:.3f} | "
+            lines.append(f"| {row['concurrency']} | {rel_names[m]} | {x['ours']:.3f} | {x['vllm']:.3f} | "
                          f"{_pct(x['rel_diff'])} | ours {x['runs']['ours']} ({x['stalled']['ours']}), "
                          f"vLLM {x['runs']['vllm']} ({x['stalled']['vllm']}) |")
     s = res["salt"]
