@@ -176,10 +176,11 @@ def test_bad_inventories_stop_before_any_host_is_touched(tmp_path):
         "no head": ({"node-a": None}, "no head in the inventory"),
         "address twice": ({"node-b": {"ds4_host_ip": "172.31.251.10"}}, "both have address 172.31.251.10"),
         "outside the node network": ({"node-b": {"ds4_host_ip": "10.9.9.9"}}, "outside the node network"),
-        # A worker Ansible cannot reach (TEST-NET-1 answers "connection refused" here): the head must not start.
+        # A worker Ansible cannot reach (TEST-NET-1 answers "connection refused" here): provision.yml's reachability
+        # check stops every host before anything changes; the head must not start alone.
         "unreachable worker": ({"node-b": {"ansible_connection": "ssh", "ansible_host": "192.0.2.1",
                                            "ansible_ssh_common_args": "-o ConnectTimeout=5"}},
-                               "node(s) node-b failed or were unreachable"),
+                               "unreachable: node-b"),
     }
     for name, (patch, message) in cases.items():
         inv = json.loads(json.dumps(base))
