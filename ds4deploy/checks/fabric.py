@@ -16,7 +16,6 @@ gives 8-25 Gb/s its own status): only a full AC power-off and discharge fixes it
 
 from __future__ import annotations
 
-import re
 import shlex
 import tempfile
 import time
@@ -88,7 +87,8 @@ def gid_table_from_dump(dump: str, sysfs: str | Path = "/sys") -> list[GidEntry]
         sysfs: the root the dump was taken under (the ``sysfs`` given to `gid_dump_command`).
 
     Raises:
-        UserError: a read failed with something other than EINVAL (as `read_gid_table` does), or a malformed GID.
+        UserError: a read failed with something other than EINVAL (as `read_gid_table` does), or a malformed GID;
+            the message names the host's path under `sysfs`, not the temporary copy it was read from.
     """
     import errno
 
@@ -111,7 +111,11 @@ def gid_table_from_dump(dump: str, sysfs: str | Path = "/sys") -> list[GidEntry]
                 raise OSError(errno.EIO, text[5:].strip(), str(path))
             return text
 
-        return read_gid_table(root, read=reader)
+        try:
+            return read_gid_table(root, read=reader)
+        except UserError as exc:
+            # Name the host's own path, not this temporary copy of its tree.
+            raise UserError(exc.cause.replace(str(root), prefix.rstrip("/")), exc.fix, exc.code) from exc
 
 
 def host_gid_table(target: Target) -> list[GidEntry]:
@@ -398,9 +402,7 @@ def launch_env(recipe: Recipe, node: str, rails: dict, dump: str, sysfs: str | P
     try:
         table = gid_table_from_dump(dump, sysfs)
     except UserError as exc:
-        # The dump is rebuilt in a temporary tree on the control host: name the node's own path instead.
-        cause = re.sub(r"/\S*?ds4deploy-gids-[^/]+", root, exc.cause)
-        raise UserError(f"{node}: {cause}",
+        raise UserError(f"{node}: {exc.cause}",
                         f"check that the deploy reads {root}/class/infiniband as root on {node} (become) and that "
                         f"its GID table is readable there (`cat {root}/class/infiniband/*/ports/1/gids/0`). "
                         f"{NOTHING_STARTED}") from exc
