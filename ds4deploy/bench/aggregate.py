@@ -80,6 +80,8 @@ def summarize(results: list[RequestResult], duration_s: float) -> dict:
         "finish_reasons": dict(Counter(r.finish_reason or "none" for r in ok)),
         "input_lens": [r.prompt_tokens for r in results],
         "output_lens": [r.completion_tokens for r in results],
+        # Stream chunks that carried tokens, per request: below output_lens when the server packed tokens together.
+        "token_chunks": [r.token_chunks for r in results],
         "ttfts": [r.ttft_s for r in results],
         "latencies": [r.e2e_s for r in results],
         "errors": [r.error or "" for r in results],

@@ -130,3 +130,55 @@ def test_a_chunk_that_is_json_but_not_an_object_fails_the_request_cleanly():
         p.feed(line, 0.1)
         r = p.finish(0.2)
         assert not r.ok and r.error.startswith("stream chunk is not a JSON object"), line
+
+
+def test_tokens_are_timed_when_they_arrive_not_when_the_stream_ends():
+    """A real aiohttp server sends the captured stream one SSE event at a time, 20 ms apart: the client's first and
+    last token times are at least the server's pacing apart (a client that buffered the body, or timed tokens
+    at parse time after the fact, would see them together), and each token frame is its own chunk."""
+    import asyncio
+    import time
+
+    import aiohttp
+    from aiohttp import web
+
+    from ds4deploy.bench.stream import feed_stream
+
+    events = [e + b"\n\n" for e in (FIX / "vllm-0.32-cpu-chat-stream.sse").read_bytes().split(b"\n\n") if e.strip()]
+    gap = 0.02
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        for e in events:
+            await resp.write(e)
+            await asyncio.sleep(gap)
+        await resp.write_eof()
+        return resp
+
+    async def main() -> tuple[RequestResult, float]:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            result = RequestResult(index=0)
+            parser = StreamParser(result, 12)
+            async with aiohttp.ClientSession() as session:
+                t0 = time.perf_counter()
+                end = await feed_stream(session, f"http://127.0.0.1:{port}/v1/chat/completions", {"stream": True},
+                                        result, parser)
+                return parser.finish(end), time.perf_counter() - t0
+        finally:
+            await runner.cleanup()
+
+    got, wall = asyncio.run(main())
+    assert got.ok, got.error
+    # Token frames are events 2..13 (event 1 is the role-only frame): 11 gaps between the first and last token.
+    assert got.token_chunks == 12 and got.completion_tokens == 12
+    assert got.last_token_s - got.ttft_s >= 11 * gap * 0.9
+    assert got.ttft_s >= gap * 0.9  # the role-only frame came first, one gap earlier
+    assert got.last_token_s <= wall
