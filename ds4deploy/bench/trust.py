@@ -58,6 +58,15 @@ PYLIB_PACKAGES = ("pandas", "python-dateutil", "pytz", "tzdata", "six")  # panda
 VLLM_BENCH = ("import sys\nfrom vllm.benchmarks.serve import add_cli_args, main\n"
               "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
+# The same, with aiohttp's per-request proxy and .netrc lookups off (``trust_env=False`` in every ClientSession):
+# `vllm bench serve` builds its session with trust_env=True, and that client work lands inside its TTFT
+# (`ds4deploy.bench.trust_send` measures how much). Nothing else in vLLM's client changes.
+VLLM_BENCH_NOENV = ("import aiohttp\n_init = aiohttp.ClientSession.__init__\n"
+                    "def _noenv(self, *a, **kw):\n    kw['trust_env'] = False\n    _init(self, *a, **kw)\n"
+                    "aiohttp.ClientSession.__init__ = _noenv\n" + VLLM_BENCH)
+# The clients compared: ours, `vllm bench serve` as shipped, and `vllm bench serve` without the env lookups.
+TOOLS = ("ours", "vllm", "vllm_noenv")
+TOOL_NAMES = {"ours": "ours", "vllm": "vllm bench serve", "vllm_noenv": "vllm bench serve, trust_env off"}
 
 
 def ensure_pylib(path: Path = PYLIB) -> Path:
@@ -97,8 +106,9 @@ def ours(a: argparse.Namespace, work: Path, conc: int, rps: int, max_tokens: int
     return cell
 
 
-def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter, conc: int, rps: int) -> dict:
-    """The same cell with `vllm bench serve`; returns its --save-result JSON."""
+def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter, conc: int, rps: int,
+           noenv: bool = False) -> dict:
+    """The same cell with `vllm bench serve` (`noenv`: with `VLLM_BENCH_NOENV`); returns its --save-result JSON."""
     run_id = secrets.token_hex(4)
     ctx, _n = fit_context(counter, a.content, a.prompt_tokens, None, run_id)
     instr = load_prompt_set(a.content).instruction
@@ -110,8 +120,9 @@ def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCou
     env = dict(os.environ, OPENAI_API_KEY=key or "unused")
     if a.pythonpath:
         env["PYTHONPATH"] = a.pythonpath
-    cmd = [a.engine_python, "-c", VLLM_BENCH, "--backend", "openai-chat", "--base-url", a.url, "--endpoint",
-           "/v1/chat/completions", "--model", a.model, "--tokenizer", a.tokenizer, "--dataset-name", "custom",
+    cmd = [a.engine_python, "-c", VLLM_BENCH_NOENV if noenv else VLLM_BENCH, "--backend", "openai-chat",
+           "--base-url", a.url, "--endpoint", "/v1/chat/completions", "--model", a.model, "--tokenizer", a.tokenizer,
+           "--dataset-name", "custom",
            "--dataset-path", str(data), "--custom-output-len", str(a.output_tokens), "--skip-chat-template",
            "--num-prompts", str(conc * rps), "--max-concurrency", str(conc), "--ignore-eos", "--temperature", "0",
            # no initial test request: it would send prompt 0 ahead and make the first request a cache hit
@@ -148,9 +159,9 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
     guard `ds4deploy bench run` applies per cell) and left out of the ratios; the table says how many."""
     rows = []
     for conc in a.concurrency:
-        runs: dict[str, list[dict]] = {"ours": [], "vllm": []}
+        runs: dict[str, list[dict]] = {t: [] for t in TOOLS}
         for rep in range(a.repeats):
-            order = ("ours", "vllm") if rep % 2 == 0 else ("vllm", "ours")
+            order = TOOLS[rep % 3:] + TOOLS[:rep % 3]  # each tool first, second and third in turn
             for tool in order:
                 if tool == "ours":
                     # The harness scrapes /metrics right around the cell itself: bracketing the whole subprocess
@@ -165,7 +176,8 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                          "prompt_tokens": c["prompt_tokens_median"]}
                 else:
                     v, server, server_ttft = _server_rates(
-                        scrape, lambda conc=conc: theirs(a, work, key, counter, conc, a.requests_per_session))
+                        scrape, lambda conc=conc, tool=tool: theirs(a, work, key, counter, conc,
+                                                                    a.requests_per_session, tool == "vllm_noenv"))
                     tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
                     r = {"ttft_ms": v["median_ttft_ms"], "ttft_mean_ms": v["mean_ttft_ms"],
                          "per_session": 1000 / tpot if tpot > 0 else float("inf"),
@@ -176,7 +188,7 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                 r["stalled"] = (server is None or r["per_session"] is None
                                 or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT)
                 runs[tool].append(r)
-                print(f"c{conc} rep {rep} {tool:5s} ttft {r['ttft_ms']:7.1f} ms  per-session {r['per_session']:8.1f}"
+                print(f"c{conc} rep {rep} {tool:10s} ttft {r['ttft_ms']:7.1f} ms  per-session {r['per_session']:8.1f}"
                       f"  aggregate {r['aggregate']:8.1f}  server {server or 0:8.1f}{'  STALLED' * r['stalled']}",
                       flush=True)
         row: dict = {"concurrency": conc, "runs": runs}
@@ -185,19 +197,20 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
             # it is "stalled" in the server-relative table, which counts it.
             fin = {t: [r[m] for r in runs[t] if r[m] is not None and math.isfinite(r[m])] or [math.nan]
                    for t in runs}
-            o, v = statistics.median(fin["ours"]), statistics.median(fin["vllm"])
-            row[m] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
-                      "ours_range": [min(fin["ours"]), max(fin["ours"])],
-                      "vllm_range": [min(fin["vllm"]), max(fin["vllm"])]}
+            row[m] = {t: statistics.median(fin[t]) for t in TOOLS}
+            row[m] |= {f"{t}_range": [min(fin[t]), max(fin[t])] for t in TOOLS}
+            row[m] |= {"rel_diff": row[m]["ours"] / row[m]["vllm"] - 1,
+                       "rel_diff_noenv": row[m]["ours"] / row[m]["vllm_noenv"] - 1}
         for m in ("ttft_ms", "per_session", "aggregate"):
             # TTFT: each client's mean against the server's mean (its histogram gives no median).
             ref, mine = ("server_ttft_ms", "ttft_mean_ms") if m == "ttft_ms" else ("server_decode", m)
             ratios = {t: [r[mine] / r[ref] for r in runs[t] if not r["stalled"] and r[ref]] for t in runs}
             if all(ratios.values()):
-                o, v = statistics.median(ratios["ours"]), statistics.median(ratios["vllm"])
-                row[m]["vs_server"] = {"ours": o, "vllm": v, "rel_diff": o / v - 1,
-                                       "runs": {t: len(x) for t, x in ratios.items()},
-                                       "stalled": {t: len(runs[t]) - len(x) for t, x in ratios.items()}}
+                x = {t: statistics.median(ratios[t]) for t in TOOLS}
+                row[m]["vs_server"] = {**x, "rel_diff": x["ours"] / x["vllm"] - 1,
+                                       "rel_diff_noenv": x["ours"] / x["vllm_noenv"] - 1,
+                                       "runs": {t: len(v) for t, v in ratios.items()},
+                                       "stalled": {t: len(runs[t]) - len(v) for t, v in ratios.items()}}
         rows.append(row)
     return rows
 
@@ -211,6 +224,20 @@ def salt_check(a: argparse.Namespace, work: Path) -> dict:
         out[label] = {"valid": c["valid"], "flags": c["flags"], "prefix_cache_hits": sc.get("prefix_cache_hits"),
                       "prefix_cache_queries": sc.get("prefix_cache_queries"), "prefill_tok_s": c["prefill_tok_s"]}
     return out
+
+
+def send_delay(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter) -> dict:
+    """Each client's time from its TTFT clock start to the request on the wire (`ds4deploy.bench.trust_send`, run
+    with the engine venv's python): per client the median and p90 (ms) over `a.send_requests` requests."""
+    ctx, _n = fit_context(counter, a.content, a.prompt_tokens, None, "send0000")
+    text = work / "send-prompt.txt"
+    text.write_text(message_text("", ctx, load_prompt_set(a.content).instruction))
+    env = dict(os.environ, OPENAI_API_KEY=key or "unused", PYTHONPATH=str(REPO_ROOT))
+    p = subprocess.run([a.engine_python, "-m", "ds4deploy.bench.trust_send", a.url, str(a.send_requests), str(text),
+                        a.model], capture_output=True, text=True, check=False, env=env, timeout=3600)
+    if p.returncode != 0:
+        raise SystemExit(f"ds4deploy.bench.trust_send failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def cpu_cost(a: argparse.Namespace, work: Path) -> dict:
@@ -242,20 +269,30 @@ def write_doc(res: dict, path: Path) -> None:
         "### Agreement with `vllm bench serve`",
         "",
         f"Workload: {res['prompt_tokens']}-token {res['content']} prompts (salted, fitted with the server's "
-        f"tokenizer; the same text for both tools), {res['output_tokens']} output tokens (ignore_eos), greedy, "
-        f"{res['requests_per_session']} requests per session, {res['repeats']} repeats per tool, alternating.",
+        f"tokenizer; the same text for every tool), {res['output_tokens']} output tokens (ignore_eos), greedy, "
+        f"{res['requests_per_session']} requests per session, {res['repeats']} repeats per tool, in rotating order. "
+        "Three clients: ours, `vllm bench serve` as shipped, and `vllm bench serve` with aiohttp's per-request "
+        "proxy/.netrc lookups off (`trust_env=False`, nothing else changed; see the send delay below).",
         "",
-        "| conc. | metric | ours (range) | vllm bench serve (range) | ours vs vLLM |",
-        "|---|---|---|---|---|",
+        "| conc. | metric | ours (range) | vllm bench serve (range) | ours vs vLLM | vLLM, trust_env off (range) "
+        "| ours vs that |",
+        "|---|---|---|---|---|---|---|",
     ]
     names = {"ttft_ms": "TTFT median, ms", "per_session": "per-session output tok/s (1000 / median TPOT)",
              "aggregate": "aggregate output tok/s"}
+
+    def cell(d: dict, tool: str) -> str:
+        if tool not in d:
+            return "-"
+        lo, hi = d[f"{tool}_range"]
+        return f"{d[tool]:.1f} ({lo:.1f}-{hi:.1f})"
+
     for row in res["comparison"]:
         for m, label in names.items():
             d = row[m]
-            lines.append(f"| {row['concurrency']} | {label} | {d['ours']:.1f} ({d['ours_range'][0]:.1f}-"
-                         f"{d['ours_range'][1]:.1f}) | {d['vllm']:.1f} ({d['vllm_range'][0]:.1f}-"
-                         f"{d['vllm_range'][1]:.1f}) | {_pct(d['rel_diff'])} |")
+            noenv = _pct(d["rel_diff_noenv"]) if "rel_diff_noenv" in d else "-"
+            lines.append(f"| {row['concurrency']} | {label} | {cell(d, 'ours')} | {cell(d, 'vllm')} | "
+                         f"{_pct(d['rel_diff'])} | {cell(d, 'vllm_noenv')} | {noenv} |")
     lines += [
         "",
         "The same runs, each tool's figure divided by the server's own figure in the same run (scraped from /metrics "
@@ -266,9 +303,9 @@ def write_doc(res: dict, path: Path) -> None:
         "lag. Runs whose per-session figure is more than "
         f"{STREAM_DISAGREE_LIMIT:.0%} from the server's (tokens delivered in bursts) are left out and counted.",
         "",
-        "| conc. | metric (/ the server's own) | ours / server | vllm bench serve / server | ours vs vLLM | runs used "
-        "(stalled) |",
-        "|---|---|---|---|---|---|",
+        "| conc. | metric (/ the server's own) | ours / server | vLLM / server | ours vs vLLM | vLLM trust_env off "
+        "/ server | ours vs that | runs used (stalled) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     rel_names = {"ttft_ms": "TTFT mean, ms (/ server's mean TTFT)",
                  "per_session": "per-session output tok/s (/ server decode tok/s)",
@@ -277,11 +314,30 @@ def write_doc(res: dict, path: Path) -> None:
         for m in ("ttft_ms", "per_session", "aggregate"):
             x = row[m].get("vs_server")
             if x is None:
-                lines.append(f"| {row['concurrency']} | {rel_names[m]} | - | - | no unstalled run of one tool | - |")
+                lines.append(f"| {row['concurrency']} | {rel_names[m]} | - | - | no unstalled run of one tool "
+                             "| - | - | - |")
                 continue
+            used = ", ".join(f"{TOOL_NAMES[t].replace('vllm bench serve', 'vLLM')} {x['runs'][t]} "
+                             f"({x['stalled'][t]})" for t in x["runs"])
+            noenv = (f"{x['vllm_noenv']:.3f} | {_pct(x['rel_diff_noenv'])}" if "vllm_noenv" in x else "- | -")
             lines.append(f"| {row['concurrency']} | {rel_names[m]} | {x['ours']:.3f} | {x['vllm']:.3f} | "
-                         f"{_pct(x['rel_diff'])} | ours {x['runs']['ours']} ({x['stalled']['ours']}), "
-                         f"vLLM {x['runs']['vllm']} ({x['stalled']['vllm']}) |")
+                         f"{_pct(x['rel_diff'])} | {noenv} | {used} |")
+    sd = res.get("send_delay")
+    if sd:
+        lines += [
+            "",
+            "### Client time inside TTFT (send delay)",
+            "",
+            "From each client's TTFT clock start to its request body on the wire (aiohttp trace hook), "
+            f"{sd['ours']['n']} requests per client, one at a time in rotating order, one process "
+            "(`ds4deploy.bench.trust_send`):",
+            "",
+            "| client | send delay median, ms | p90, ms | TTFT median, ms |",
+            "|---|---|---|---|",
+        ]
+        for t in ("vllm", "vllm_noenv", "ours"):
+            lines.append(f"| {TOOL_NAMES[t]} | {sd[t]['send_ms_median']:.2f} | {sd[t]['send_ms_p90']:.2f} | "
+                         f"{sd[t]['ttft_ms_median']:.2f} |")
     s = res["salt"]
     lines += [
         "",
@@ -334,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu-output-tokens", type=int, default=512)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--requests-per-session", type=int, default=8)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=6)
+    p.add_argument("--send-requests", type=int, default=60, help="requests per client for the send-delay probe")
     p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
     p.add_argument("--from-json", help="only re-render the markdown section from a saved docs/bench-harness.json")
     a = p.parse_args(argv)
@@ -357,6 +414,7 @@ def main(argv: list[str] | None = None) -> int:
                "prompt_tokens": a.prompt_tokens, "content": a.content, "output_tokens": a.output_tokens,
                "requests_per_session": a.requests_per_session, "repeats": a.repeats,
                "cpu_output_tokens": a.cpu_output_tokens}
+        res["send_delay"] = send_delay(a, work, key, counter)
         res["comparison"] = compare_tools(a, work, key, counter, lambda: prom.scrape(cl, a.url))
         res["salt"] = salt_check(a, work)
         res["cpu"] = cpu_cost(a, work)

@@ -1,0 +1,99 @@
+"""How long each client takes from starting its TTFT clock to having the request on the wire.
+
+Run by `ds4deploy.bench.trust` with the engine venv's python (it needs ``vllm.benchmarks``), ``PYTHONPATH`` at the
+repository::
+
+    python -m ds4deploy.bench.trust_send URL N PROMPT_FILE  (API key in OPENAI_API_KEY; prints one JSON object)
+
+One process, one server, requests strictly one at a time, rotating over three clients: vLLM's own chat request
+function (``vllm.benchmarks.lib.endpoint_request_func.async_request_openai_chat_completions``) in a session built
+as ``vllm bench serve`` builds it (``trust_env=True``); the same function in the same session with
+``trust_env=False``; and ``ds4deploy.bench.stream.stream_request`` in the harness's own session. An aiohttp trace
+hook stamps the moment the request body is sent; each client's own start stamp (vLLM's
+``RequestFuncOutput.start_time``, our ``RequestResult.start_s``) is where its TTFT clock starts. The difference is
+client time inside TTFT.
+
+Why it exists (docs/bench-harness.md): with ``trust_env=True`` aiohttp reads the proxy variables and looks for a
+``.netrc`` file on every request (aiohttp 3.14 ``ClientSession._request``: ``netrc_from_env``,
+``get_env_proxy_for_url``), which vLLM's TTFT then includes; measured here 0.5-0.7 ms per request on the 2-core CI
+host, against 0.3 ms without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import sys
+import time
+
+import aiohttp
+from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
+
+from ds4deploy.bench.stream import stream_request
+
+CLIENTS = ("vllm", "vllm_noenv", "ours")
+
+
+def _session(kind: str, key: str, sent: list[float]) -> aiohttp.ClientSession:
+    """The session each client uses: vLLM's as `vllm bench serve` makes it (serve.py, 0.32), ours as
+    `ds4deploy.bench.run._run` makes it; every one stamps the end of each request body into `sent`."""
+
+    async def on_sent(_session, _ctx, _params) -> None:
+        sent.append(time.perf_counter())
+
+    trace = aiohttp.TraceConfig()
+    trace.on_request_chunk_sent.append(on_sent)
+    if kind == "ours":
+        return aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {key}"}, connector=aiohttp.TCPConnector(limit=5),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=3600), trace_configs=[trace])
+    conn = aiohttp.TCPConnector(limit=1, limit_per_host=1, ttl_dns_cache=300, use_dns_cache=True,
+                                keepalive_timeout=60, enable_cleanup_closed=True, force_close=False)
+    return aiohttp.ClientSession(connector=conn, trust_env=kind == "vllm",
+                                 timeout=aiohttp.ClientTimeout(total=6 * 60 * 60), trace_configs=[trace])
+
+
+async def measure(url: str, key: str, n: int, text: str, model: str) -> dict:
+    """`n` requests per client (after one unmeasured request each); per client the median and p90 send delay (ms)
+    and median TTFT (ms)."""
+    api = f"{url}/v1/chat/completions"
+    run = secrets.token_hex(4)
+    sent: list[float] = []
+    sessions = {k: _session(k, key, sent) for k in CLIENTS}
+    got: dict[str, dict[str, list[float]]] = {k: {"send_ms": [], "ttft_ms": []} for k in CLIENTS}
+    try:
+        for i in range(-1, n):
+            for j, kind in enumerate(CLIENTS[i % 3:] + CLIENTS[:i % 3]):
+                prompt = f"[bench {run} #{(i + 1) * 3 + j:06d}] {text}"
+                if kind == "ours":
+                    payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
+                               "temperature": 0.0, "ignore_eos": True, "stream": True,
+                               "stream_options": {"include_usage": True}}
+                    r = await stream_request(sessions[kind], api, payload, i)
+                    ok, start, ttft = r.ok, r.start_s, r.ttft_s
+                else:
+                    inp = RequestFuncInput(prompt=prompt, api_url=api, prompt_len=0, output_len=16, model=model,
+                                           ignore_eos=True, extra_body={"temperature": 0.0})
+                    out = await async_request_openai_chat_completions(inp, sessions[kind])
+                    ok, start, ttft = out.success, out.start_time, out.ttft
+                if not ok:
+                    raise SystemExit(f"{kind} request failed")
+                if i >= 0:
+                    got[kind]["send_ms"].append((sent[-1] - start) * 1000)
+                    got[kind]["ttft_ms"].append(ttft * 1000)
+    finally:
+        for s in sessions.values():
+            await s.close()
+    return {k: {"n": len(v["send_ms"]), "send_ms_median": statistics.median(v["send_ms"]),
+                "send_ms_p90": statistics.quantiles(v["send_ms"], n=10)[-1],
+                "ttft_ms_median": statistics.median(v["ttft_ms"])} for k, v in got.items()}
+
+
+if __name__ == "__main__":
+    url, n, prompt_file, model = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    with open(prompt_file, encoding="utf-8") as f:
+        res = asyncio.run(measure(url, os.environ.get("OPENAI_API_KEY", ""), n, f.read(), model))
+    print(json.dumps(res))
