@@ -234,7 +234,8 @@ def send_delay(a: argparse.Namespace, work: Path, key: str | None, counter: Toke
     text.write_text(message_text("", ctx, load_prompt_set(a.content).instruction))
     env = dict(os.environ, OPENAI_API_KEY=key or "unused", PYTHONPATH=str(REPO_ROOT))
     p = subprocess.run([a.engine_python, "-m", "ds4deploy.bench.trust_send", a.url, str(a.send_requests), str(text),
-                        a.model], capture_output=True, text=True, check=False, env=env, timeout=3600)
+                        a.model, str(a.send_output_tokens)],
+                       capture_output=True, text=True, check=False, env=env, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"ds4deploy.bench.trust_send failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -326,18 +327,24 @@ def write_doc(res: dict, path: Path) -> None:
     if sd:
         lines += [
             "",
-            "### Client time inside TTFT (send delay)",
+            "### Request by request, one process",
             "",
-            "From each client's TTFT clock start to its request body on the wire (aiohttp trace hook), "
-            f"{sd['ours']['n']} requests per client, one at a time in rotating order, one process "
-            "(`ds4deploy.bench.trust_send`):",
+            "The three clients taking turns request by request against the same server, in one process "
+            f"(`ds4deploy.bench.trust_send`; {sd['ours']['n']} requests each, one at a time, "
+            f"{res.get('send_output_tokens', 16)} output tokens, same prompt length): the server's drift between "
+            "runs cancels out. Send delay: from the client's TTFT clock start to its request body on the wire "
+            "(aiohttp trace hook), i.e. client time inside its TTFT. Decode: per-request median, ours (tokens - 1) "
+            "/ (last - first token), vLLM's 1 / TPOT.",
             "",
-            "| client | send delay median, ms | p90, ms | TTFT median, ms |",
-            "|---|---|---|---|",
+            "| client | send delay median, ms | p90, ms | TTFT median, ms | vs ours | decode median, tok/s | vs ours |",
+            "|---|---|---|---|---|---|---|",
         ]
-        for t in ("vllm", "vllm_noenv", "ours"):
-            lines.append(f"| {TOOL_NAMES[t]} | {sd[t]['send_ms_median']:.2f} | {sd[t]['send_ms_p90']:.2f} | "
-                         f"{sd[t]['ttft_ms_median']:.2f} |")
+        for t in ("ours", "vllm", "vllm_noenv"):
+            x, o = sd[t], sd["ours"]
+            dec = x.get("decode_tok_s_median")
+            lines.append(f"| {TOOL_NAMES[t]} | {x['send_ms_median']:.2f} | {x['send_ms_p90']:.2f} | "
+                         f"{x['ttft_ms_median']:.2f} | {_pct(x['ttft_ms_median'] / o['ttft_ms_median'] - 1)} | "
+                         + (f"{dec:,.0f} | {_pct(dec / o['decode_tok_s_median'] - 1)} |" if dec else "- | - |"))
     s = res["salt"]
     lines += [
         "",
@@ -391,7 +398,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4])
     p.add_argument("--requests-per-session", type=int, default=8)
     p.add_argument("--repeats", type=int, default=6)
-    p.add_argument("--send-requests", type=int, default=60, help="requests per client for the send-delay probe")
+    p.add_argument("--send-requests", type=int, default=60, help="requests per client, request-by-request probe")
+    p.add_argument("--send-output-tokens", type=int, default=128, help="output tokens, request-by-request probe")
     p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
     p.add_argument("--from-json", help="only re-render the markdown section from a saved docs/bench-harness.json")
     a = p.parse_args(argv)
@@ -413,7 +421,7 @@ def main(argv: list[str] | None = None) -> int:
                "server_note": a.server_note, "host": f"{platform.machine()}, {os.cpu_count()} cores",
                "prompt_tokens": a.prompt_tokens, "content": a.content, "output_tokens": a.output_tokens,
                "requests_per_session": a.requests_per_session, "repeats": a.repeats,
-               "cpu_output_tokens": a.cpu_output_tokens}
+               "cpu_output_tokens": a.cpu_output_tokens, "send_output_tokens": a.send_output_tokens}
         res["send_delay"] = send_delay(a, work, key, counter)
         res["comparison"] = compare_tools(a, work, key, counter, lambda: prom.scrape(cl, a.url))
         res["salt"] = salt_check(a, work)

@@ -1,9 +1,11 @@
-"""How long each client takes from starting its TTFT clock to having the request on the wire.
+"""Request by request in one process: each client's TTFT, decode rate, and time from starting its TTFT clock to
+having the request on the wire.
 
 Run by `ds4deploy.bench.trust` with the engine venv's python (it needs ``vllm.benchmarks``), ``PYTHONPATH`` at the
 repository::
 
-    python -m ds4deploy.bench.trust_send URL N PROMPT_FILE  (API key in OPENAI_API_KEY; prints one JSON object)
+    python -m ds4deploy.bench.trust_send URL N PROMPT_FILE MODEL OUTPUT_TOKENS
+    (API key in OPENAI_API_KEY; prints one JSON object)
 
 One process, one server, requests strictly one at a time, rotating over three clients: vLLM's own chat request
 function (``vllm.benchmarks.lib.endpoint_request_func.async_request_openai_chat_completions``) in a session built
@@ -11,7 +13,8 @@ as ``vllm bench serve`` builds it (``trust_env=True``); the same function in the
 ``trust_env=False``; and ``ds4deploy.bench.stream.stream_request`` in the harness's own session. An aiohttp trace
 hook stamps the moment the request body is sent; each client's own start stamp (vLLM's
 ``RequestFuncOutput.start_time``, our ``RequestResult.start_s``) is where its TTFT clock starts. The difference is
-client time inside TTFT.
+client time inside TTFT. Because the clients take turns request by request on the same server, the server's
+drift between runs (the largest error of the whole-tool comparison on a shared host) cancels out.
 
 Why it exists (docs/bench-harness.md): with ``trust_env=True`` aiohttp reads the proxy variables and looks for a
 ``.netrc`` file on every request (aiohttp 3.14 ``ClientSession._request``: ``netrc_from_env``,
@@ -56,44 +59,57 @@ def _session(kind: str, key: str, sent: list[float]) -> aiohttp.ClientSession:
                                  timeout=aiohttp.ClientTimeout(total=6 * 60 * 60), trace_configs=[trace])
 
 
-async def measure(url: str, key: str, n: int, text: str, model: str) -> dict:
-    """`n` requests per client (after one unmeasured request each); per client the median and p90 send delay (ms)
-    and median TTFT (ms)."""
+def _vllm_decode(out) -> float | None:
+    """Per-request decode rate as `vllm bench serve` derives it: 1 / TPOT, TPOT = (latency - TTFT) / (output
+    tokens - 1) (vllm/benchmarks/serve.py, calculate_metrics), tok/s."""
+    if out.output_tokens and out.output_tokens > 1 and out.latency > out.ttft:
+        return (out.output_tokens - 1) / (out.latency - out.ttft)
+    return None
+
+
+async def measure(url: str, key: str, n: int, text: str, model: str, output_tokens: int) -> dict:
+    """`n` requests per client (after one unmeasured request each), `output_tokens` each (ignore_eos); per client
+    the median and p90 send delay (ms), median TTFT (ms) and median per-request decode rate (tok/s)."""
     api = f"{url}/v1/chat/completions"
     run = secrets.token_hex(4)
     sent: list[float] = []
     sessions = {k: _session(k, key, sent) for k in CLIENTS}
-    got: dict[str, dict[str, list[float]]] = {k: {"send_ms": [], "ttft_ms": []} for k in CLIENTS}
+    got: dict[str, dict[str, list[float]]] = {k: {"send_ms": [], "ttft_ms": [], "decode": []} for k in CLIENTS}
     try:
         for i in range(-1, n):
             for j, kind in enumerate(CLIENTS[i % 3:] + CLIENTS[:i % 3]):
                 prompt = f"[bench {run} #{(i + 1) * 3 + j:06d}] {text}"
                 if kind == "ours":
-                    payload = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": 16,
-                               "temperature": 0.0, "ignore_eos": True, "stream": True,
+                    payload = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                               "max_tokens": output_tokens, "temperature": 0.0, "ignore_eos": True, "stream": True,
                                "stream_options": {"include_usage": True}}
                     r = await stream_request(sessions[kind], api, payload, i)
-                    ok, start, ttft = r.ok, r.start_s, r.ttft_s
+                    ok, start, ttft, decode = r.ok, r.start_s, r.ttft_s, r.decode_tok_s
                 else:
-                    inp = RequestFuncInput(prompt=prompt, api_url=api, prompt_len=0, output_len=16, model=model,
+                    inp = RequestFuncInput(prompt=prompt, api_url=api, prompt_len=0, output_len=output_tokens,
+                                           model=model,
                                            ignore_eos=True, extra_body={"temperature": 0.0})
                     out = await async_request_openai_chat_completions(inp, sessions[kind])
-                    ok, start, ttft = out.success, out.start_time, out.ttft
+                    ok, start, ttft, decode = out.success, out.start_time, out.ttft, _vllm_decode(out)
                 if not ok:
                     raise SystemExit(f"{kind} request failed")
                 if i >= 0:
                     got[kind]["send_ms"].append((sent[-1] - start) * 1000)
                     got[kind]["ttft_ms"].append(ttft * 1000)
+                    if decode is not None:
+                        got[kind]["decode"].append(decode)
     finally:
         for s in sessions.values():
             await s.close()
     return {k: {"n": len(v["send_ms"]), "send_ms_median": statistics.median(v["send_ms"]),
                 "send_ms_p90": statistics.quantiles(v["send_ms"], n=10)[-1],
-                "ttft_ms_median": statistics.median(v["ttft_ms"])} for k, v in got.items()}
+                "ttft_ms_median": statistics.median(v["ttft_ms"]),
+                "decode_tok_s_median": statistics.median(v["decode"]) if v["decode"] else None}
+            for k, v in got.items()}
 
 
 if __name__ == "__main__":
-    url, n, prompt_file, model = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    url, n, prompt_file, model, out_tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     with open(prompt_file, encoding="utf-8") as f:
-        res = asyncio.run(measure(url, os.environ.get("OPENAI_API_KEY", ""), n, f.read(), model))
+        res = asyncio.run(measure(url, os.environ.get("OPENAI_API_KEY", ""), n, f.read(), model, out_tokens))
     print(json.dumps(res))
