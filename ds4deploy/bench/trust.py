@@ -238,7 +238,12 @@ def send_delay(a: argparse.Namespace, work: Path, key: str | None, counter: Toke
                        capture_output=True, text=True, check=False, env=env, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"ds4deploy.bench.trust_send failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    for t in TOOLS:
+        x = res[t]
+        print(f"request by request: {t:10s} send {x['send_ms_median']:.2f} ms (p90 {x['send_ms_p90']:.2f})  ttft "
+              f"{x['ttft_ms_median']:.2f} ms  decode {x['decode_tok_s_median'] or 0:.1f} tok/s", flush=True)
+    return res
 
 
 def cpu_cost(a: argparse.Namespace, work: Path) -> dict:
@@ -344,7 +349,8 @@ def write_doc(res: dict, path: Path) -> None:
             dec = x.get("decode_tok_s_median")
             lines.append(f"| {TOOL_NAMES[t]} | {x['send_ms_median']:.2f} | {x['send_ms_p90']:.2f} | "
                          f"{x['ttft_ms_median']:.2f} | {_pct(x['ttft_ms_median'] / o['ttft_ms_median'] - 1)} | "
-                         + (f"{dec:,.0f} | {_pct(dec / o['decode_tok_s_median'] - 1)} |" if dec else "- | - |"))
+                         + (f"{dec:,.0f} | {_pct(dec / o['decode_tok_s_median'] - 1)} |"
+                            if dec and o.get("decode_tok_s_median") else "- | - |"))
     s = res["salt"]
     lines += [
         "",
@@ -403,6 +409,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
     p.add_argument("--from-json", help="only re-render the markdown section from a saved docs/bench-harness.json")
     a = p.parse_args(argv)
+    if a.send_requests < 2 or a.send_output_tokens < 2:
+        p.error("--send-requests and --send-output-tokens need at least 2")
     if a.from_json:
         write_doc(json.loads(Path(a.from_json).read_text()), Path(a.out))
         return 0

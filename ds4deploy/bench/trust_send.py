@@ -18,8 +18,8 @@ drift between runs (the largest error of the whole-tool comparison on a shared h
 
 Why it exists (docs/bench-harness.md): with ``trust_env=True`` aiohttp reads the proxy variables and looks for a
 ``.netrc`` file on every request (aiohttp 3.14 ``ClientSession._request``: ``netrc_from_env``,
-``get_env_proxy_for_url``), which vLLM's TTFT then includes; measured here 0.5-0.7 ms per request on the 2-core CI
-host, against 0.3 ms without it.
+``get_env_proxy_for_url``, each a hop through a thread pool), which vLLM's TTFT then includes: on the 2-core CI
+host its send delay was 0.79-0.93 ms per request with them and 0.29-0.31 ms without (docs/bench-harness.md).
 """
 
 from __future__ import annotations
@@ -93,6 +93,10 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
                     ok, start, ttft, decode = out.success, out.start_time, out.ttft, _vllm_decode(out)
                 if not ok:
                     raise SystemExit(f"{kind} request failed")
+                # One stamp per request (aiohttp 3.14 sends a JSON body in one write; the hook fires at its
+                # start): anything else would pair this request with another one's stamp.
+                if len(sent) != (i + 1) * 3 + j + 1:
+                    raise SystemExit(f"the send trace hook fired {len(sent)} times for {(i + 1) * 3 + j + 1} requests")
                 if i >= 0:
                     got[kind]["send_ms"].append((sent[-1] - start) * 1000)
                     got[kind]["ttft_ms"].append(ttft * 1000)
@@ -110,6 +114,8 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
 
 if __name__ == "__main__":
     url, n, prompt_file, model, out_tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    if n < 2 or out_tokens < 2:
+        raise SystemExit("need at least 2 requests per client and 2 output tokens")
     with open(prompt_file, encoding="utf-8") as f:
         res = asyncio.run(measure(url, os.environ.get("OPENAI_API_KEY", ""), n, f.read(), model, out_tokens))
     print(json.dumps(res))

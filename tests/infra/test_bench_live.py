@@ -48,7 +48,7 @@ def timing_only(c: dict) -> bool:
 def test_smoke_profile_measures_every_cell_honestly(bench):
     p = bench("--profile", "smoke")
     got = cells(bench.out, "smoke")
-    if p.returncode == 1 and all(c["valid"] or timing_only(c) for c in got):
+    if p.returncode == 1 and any(timing_only(c) for c in got) and all(c["valid"] or timing_only(c) for c in got):
         # On the 2-core host the engine's threads, its API server and this client share the cores; about one run in
         # six here, and both runs of one CI job, had streams delivered in bursts (measured: TTFT = last token for
         # all 64 tokens). The harness must say so (checked below); one rerun usually gives clean timing.
@@ -72,13 +72,20 @@ def test_smoke_profile_measures_every_cell_honestly(bench):
         server = c["server_counters"]["server_decode_tok_s"]
         assert server is not None
         if c["valid"]:
-            # The server's own decode rate (inter-token latency counters) is within 20 % of what the client timed.
+            # The table's median request is the same order as the server's own decode rate (inter-token latency).
             assert c["decode_tok_s"] > 0 and 0.5 < c["decode_tok_s"] / server < 2
         else:
             (flag,) = c["flags"]
             chunks = sum(c["token_chunks"])
             assert f"the server's own counters {server:,.0f} tok/s" in flag
             assert f"{sum(c['output_lens']):,} tokens came in {chunks:,} chunks" in flag
+            # The flag is earned: recomputed from the cell's own per-request record (first and last token times),
+            # one of the guard's two checks fails against the server's rate.
+            windows = [last - first for first, last in zip(c["ttfts"], c["latencies"], strict=True)]
+            steps = [n - 1 for n in c["output_lens"]]
+            weighted = sum(steps) / sum(windows) if sum(windows) > 0 else float("inf")
+            off = sum(1 for n, w in zip(steps, windows, strict=True) if w <= 0 or not 0.5 <= n / w / server <= 2)
+            assert abs(weighted / server - 1) > 0.2 or off > 0.25 * len(windows), (weighted, off, server)
     md = (bench.out / "smoke.md").read_text()
     assert "| cell | prompt tok (measured) | conc. |" in md
     assert (bench.out / "smoke.html").is_file() and (bench.out / "smoke" / "ttft_vs_prompt.png").is_file()
