@@ -33,7 +33,6 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import aiohttp
 import httpx
 
 from ds4deploy.bench import clocks, telemetry
@@ -51,7 +50,7 @@ from ds4deploy.bench.prompts import (
     salt,
 )
 from ds4deploy.bench.report import atomic_write_text, markdown, write_cell
-from ds4deploy.bench.stream import error_text, run_closed_loop
+from ds4deploy.bench.stream import error_text, open_session, run_closed_loop
 from ds4deploy.errors import UserError
 from ds4deploy.net import base_url
 from ds4deploy.recipe import REPO_ROOT, Recipe, load_recipe
@@ -450,9 +449,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
 
 async def _run(url: str, headers: dict, timeout_s: float, payloads: list[dict], concurrency: int, on_done):
     """Send `payloads` with `concurrency` sessions over one aiohttp connection pool; (results, wall seconds)."""
-    conn = aiohttp.TCPConnector(limit=concurrency + 4)
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s)
-    async with aiohttp.ClientSession(headers=headers, timeout=timeout, connector=conn) as session:
+    async with open_session(headers, timeout_s, concurrency) as session:
         return await run_closed_loop(payloads, concurrency, session, f"{url}/v1/chat/completions", on_done)
 
 

@@ -196,6 +196,14 @@ async def feed_stream(session: aiohttp.ClientSession, url: str, payload: dict, r
     return time.perf_counter() - t0
 
 
+def open_session(headers: dict, timeout_s: float, concurrency: int, **kw) -> aiohttp.ClientSession:
+    """The harness's HTTP client: one keep-alive connection pool sized for `concurrency` sessions (+4 for probes),
+    a `timeout_s` limit on each wait for the next response bytes (must exceed the longest TTFT), 30 s to connect,
+    no total limit. `kw` goes to ``aiohttp.ClientSession`` (e.g. trace_configs)."""
+    return aiohttp.ClientSession(headers=headers, connector=aiohttp.TCPConnector(limit=concurrency + 4),
+                                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=timeout_s), **kw)
+
+
 async def run_closed_loop(payloads: list[dict], concurrency: int, session: aiohttp.ClientSession, url: str,
                           on_done: Callable[[RequestResult], Awaitable[None] | None] | None = None,
                           ) -> tuple[list[RequestResult], float]:

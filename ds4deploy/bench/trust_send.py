@@ -35,14 +35,14 @@ import time
 import aiohttp
 from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
 
-from ds4deploy.bench.stream import stream_request
+from ds4deploy.bench.stream import open_session, stream_request
 
 CLIENTS = ("vllm", "vllm_noenv", "ours")
 
 
 def _session(kind: str, key: str, sent: list[float]) -> aiohttp.ClientSession:
-    """The session each client uses: vLLM's as `vllm bench serve` makes it (serve.py, 0.32), ours as
-    `ds4deploy.bench.run._run` makes it; every one stamps the end of each request body into `sent`."""
+    """The session each client uses: vLLM's as `vllm bench serve` makes it (serve.py, 0.32), ours the harness's own
+    (`ds4deploy.bench.stream.open_session`); every one stamps the start of each request body's write into `sent`."""
 
     async def on_sent(_session, _ctx, _params) -> None:
         sent.append(time.perf_counter())
@@ -50,9 +50,7 @@ def _session(kind: str, key: str, sent: list[float]) -> aiohttp.ClientSession:
     trace = aiohttp.TraceConfig()
     trace.on_request_chunk_sent.append(on_sent)
     if kind == "ours":
-        return aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {key}"}, connector=aiohttp.TCPConnector(limit=5),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=3600), trace_configs=[trace])
+        return open_session({"Authorization": f"Bearer {key}"}, 3600.0, 1, trace_configs=[trace])
     conn = aiohttp.TCPConnector(limit=1, limit_per_host=1, ttl_dns_cache=300, use_dns_cache=True,
                                 keepalive_timeout=60, enable_cleanup_closed=True, force_close=False)
     return aiohttp.ClientSession(connector=conn, trust_env=kind == "vllm",
