@@ -226,23 +226,25 @@ def salt_check(a: argparse.Namespace, work: Path) -> dict:
     return out
 
 
-def send_delay(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter) -> dict:
-    """Each client's time from its TTFT clock start to the request on the wire (`ds4deploy.bench.trust_send`, run
-    with the engine venv's python): per client the median and p90 (ms) over `a.send_requests` requests."""
+def interleaved(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCounter, conc: int) -> dict:
+    """The three clients taking turns request by request in one process (`ds4deploy.bench.trust_send`, run with the
+    engine venv's python) with `conc` sessions: per client the median TTFT (ms) and decode (tok/s) over
+    `a.send_requests` requests, and at one session the median and p90 send delay (ms)."""
     ctx, _n = fit_context(counter, a.content, a.prompt_tokens, None, "send0000")
     text = work / "send-prompt.txt"
     text.write_text(message_text("", ctx, load_prompt_set(a.content).instruction))
     env = dict(os.environ, OPENAI_API_KEY=key or "unused", PYTHONPATH=str(REPO_ROOT))
     p = subprocess.run([a.engine_python, "-m", "ds4deploy.bench.trust_send", a.url, str(a.send_requests), str(text),
-                        a.model, str(a.send_output_tokens)],
+                        a.model, str(a.send_output_tokens), str(conc)],
                        capture_output=True, text=True, check=False, env=env, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"ds4deploy.bench.trust_send failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
     res = json.loads(p.stdout.strip().splitlines()[-1])
     for t in TOOLS:
         x = res[t]
-        print(f"request by request: {t:10s} send {x['send_ms_median']:.2f} ms (p90 {x['send_ms_p90']:.2f})  ttft "
-              f"{x['ttft_ms_median']:.2f} ms  decode {x['decode_tok_s_median'] or 0:.1f} tok/s", flush=True)
+        send = f"send {x['send_ms_median']:.2f} ms (p90 {x['send_ms_p90']:.2f})  " if "send_ms_median" in x else ""
+        print(f"request by request, c{conc}: {t:10s} {send}ttft {x['ttft_ms_median']:.2f} ms  decode "
+              f"{x['decode_tok_s_median'] or 0:.1f} tok/s", flush=True)
     return res
 
 
@@ -335,22 +337,28 @@ def write_doc(res: dict, path: Path) -> None:
             "### Request by request, one process",
             "",
             "The three clients taking turns request by request against the same server, in one process "
-            f"(`ds4deploy.bench.trust_send`; {sd['ours']['n']} requests each, one at a time, "
+            f"(`ds4deploy.bench.trust_send`; {sd['ours']['n']} requests each, "
             f"{res.get('send_output_tokens', 16)} output tokens, same prompt length): the server's drift between "
-            "runs cancels out. Send delay: from the client's TTFT clock start to its request body on the wire "
-            "(aiohttp trace hook), i.e. client time inside its TTFT. Decode: per-request median, ours (tokens - 1) "
-            "/ (last - first token), vLLM's 1 / TPOT.",
+            "runs cancels out. One session: one request at a time. More sessions: each rotates over the clients, "
+            "so every batch the server runs holds requests of all three. Send delay (one session): from the "
+            "client's TTFT clock start to its request body on the wire (aiohttp trace hook), i.e. client time "
+            "inside its TTFT. Decode: per-request median, ours (tokens - 1) / (last - first token), vLLM's 1 / TPOT.",
             "",
-            "| client | send delay median, ms | p90, ms | TTFT median, ms | vs ours | decode median, tok/s | vs ours |",
-            "|---|---|---|---|---|---|---|",
+            "| conc. | client | send delay median, ms | p90, ms | TTFT median, ms | vs ours | decode median, tok/s "
+            "| vs ours |",
+            "|---|---|---|---|---|---|---|---|",
         ]
-        for t in ("ours", "vllm", "vllm_noenv"):
-            x, o = sd[t], sd["ours"]
-            dec = x.get("decode_tok_s_median")
-            lines.append(f"| {TOOL_NAMES[t]} | {x['send_ms_median']:.2f} | {x['send_ms_p90']:.2f} | "
-                         f"{x['ttft_ms_median']:.2f} | {_pct(x['ttft_ms_median'] / o['ttft_ms_median'] - 1)} | "
-                         + (f"{dec:,.0f} | {_pct(dec / o['decode_tok_s_median'] - 1)} |"
-                            if dec and o.get("decode_tok_s_median") else "- | - |"))
+        for conc, block in [("1", sd), *res.get("interleaved", {}).items()]:
+            o = block["ours"]
+            for t in ("ours", "vllm", "vllm_noenv"):
+                x = block[t]
+                dec = x.get("decode_tok_s_median")
+                send = (f"{x['send_ms_median']:.2f} | {x['send_ms_p90']:.2f}" if "send_ms_median" in x
+                        else "- | -")
+                lines.append(f"| {conc} | {TOOL_NAMES[t]} | {send} | {x['ttft_ms_median']:.2f} | "
+                             f"{_pct(x['ttft_ms_median'] / o['ttft_ms_median'] - 1)} | "
+                             + (f"{dec:,.0f} | {_pct(dec / o['decode_tok_s_median'] - 1)} |"
+                                if dec and o.get("decode_tok_s_median") else "- | - |"))
     s = res["salt"]
     lines += [
         "",
@@ -430,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
                "prompt_tokens": a.prompt_tokens, "content": a.content, "output_tokens": a.output_tokens,
                "requests_per_session": a.requests_per_session, "repeats": a.repeats,
                "cpu_output_tokens": a.cpu_output_tokens, "send_output_tokens": a.send_output_tokens}
-        res["send_delay"] = send_delay(a, work, key, counter)
+        res["send_delay"] = interleaved(a, work, key, counter, 1)
+        res["interleaved"] = {str(c): interleaved(a, work, key, counter, c) for c in a.concurrency if c > 1}
         res["comparison"] = compare_tools(a, work, key, counter, lambda: prom.scrape(cl, a.url))
         res["salt"] = salt_check(a, work)
         res["cpu"] = cpu_cost(a, work)
