@@ -7,7 +7,7 @@
 #   make bench-stack [COLD=1] packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
 #   make bench-verify         model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
 #   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
-#   make bench-harness [RECIPE=cpu] [REPEATS=5]  the harness vs `vllm bench serve` on the deployed stack -> docs/bench-harness.md
+#   make bench-harness [RECIPE=cpu] [REPEATS=6]  the harness vs `vllm bench serve` on the deployed stack -> docs/bench-harness.md
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
 #   make deploy RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml   two nodes (workers first)
