@@ -230,9 +230,10 @@ def interleaved(a: argparse.Namespace, work: Path, key: str | None, counter: Tok
     """The three clients taking turns request by request in one process (`ds4deploy.bench.trust_send`, run with the
     engine venv's python) with `conc` sessions: per client the median TTFT (ms) and decode (tok/s) over
     `a.send_requests` requests, and at one session the median and p90 send delay (ms)."""
-    ctx, _n = fit_context(counter, a.content, a.prompt_tokens, None, "send0000")
     text = work / "send-prompt.txt"
-    text.write_text(message_text("", ctx, load_prompt_set(a.content).instruction))
+    if not text.exists():  # fitted once per run (the server's /tokenize), shared by every concurrency
+        ctx, _n = fit_context(counter, a.content, a.prompt_tokens, None, "send0000")
+        text.write_text(message_text("", ctx, load_prompt_set(a.content).instruction))
     env = dict(os.environ, OPENAI_API_KEY=key or "unused", PYTHONPATH=str(REPO_ROOT))
     p = subprocess.run([a.engine_python, "-m", "ds4deploy.bench.trust_send", a.url, str(a.send_requests), str(text),
                         a.model, str(a.send_output_tokens), str(conc)],
