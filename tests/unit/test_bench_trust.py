@@ -1,0 +1,51 @@
+"""The trust report's wire figures (ds4deploy/bench/trust.py) from a real capture (fixtures/wire/SOURCES.md)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+
+from ds4deploy.bench import trust, wire
+
+FIX = Path(__file__).parent / "fixtures" / "wire"
+PROBE = json.loads((FIX / "probe-c2-lo.json").read_text())
+
+
+def overheads() -> dict[str, dict]:
+    return wire.client_overhead(PROBE["requests"], wire.parse(FIX / "probe-c2-lo.pcap", 8000), PROBE["run_id"])
+
+
+def test_wire_summary_ours_against_each_client():
+    ov = overheads()
+    s = trust.wire_summary(ov, 0)
+    w_all = statistics.median(ov[t]["wire_ttft_ms_median"] for t in trust.TOOLS)
+    assert s["wire_ttft_ms_median_all"] == pytest.approx(w_all)
+    assert "diff_ms" not in s["ours"] and "overhead_ms" not in s["ours"]
+    for t in ("vllm", "vllm_noenv"):
+        d = ov["ours"]["overhead_ms_median"] - ov[t]["overhead_ms_median"]
+        assert s[t]["diff_ms"] == pytest.approx(d)
+        assert s[t]["diff_pct"] == pytest.approx(100 * d / w_all)
+        lo, hi = s[t]["diff_ms_ci"]
+        assert lo <= d <= hi
+        assert s[t]["diff_pct_ci"] == pytest.approx([100 * lo / w_all, 100 * hi / w_all])
+
+
+def test_wire_summary_refuses_a_capture_that_lost_a_clients_requests():
+    ov = overheads()
+    ov["vllm"] = {"n": 1, "missing": 1}
+    with pytest.raises(SystemExit, match="too few of the probe's requests of vllm"):
+        trust.wire_summary(ov, 3)
+
+
+def test_probe_lines_render_every_client():
+    res = {"send_delay": {"wire": trust.wire_summary(overheads(), 0)}, "interleaved": {}}
+    lines = trust._wire_probe_lines(res)
+    rows = [ln for ln in lines if ln.startswith("| 1 |")]
+    assert [r.split(" | ")[1] for r in rows] == [trust.TOOL_NAMES[t] for t in trust.TOOLS]
+    assert rows[0].endswith("| - | - |")  # ours against itself: no difference
+    x = res["send_delay"]["wire"]["vllm"]
+    assert f"{x['diff_pct']:+.2f} %" in rows[1] and f"{x['stalls']} / {x['n']}" in rows[1]
+    assert trust._wire_probe_lines({"send_delay": {}, "interleaved": {}}) == []
