@@ -202,8 +202,9 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                     with _capture(a, work, f"c{conc}-{rep}-{tool}") as cap:
                         c = ours(a, work, conc, a.requests_per_session, a.output_tokens)
                     run_id = c["run_id"]
-                    ttfts = [None if q["ttft_s"] is None else q["ttft_s"] * 1000
-                             for q in sorted(c["requests"], key=lambda q: q["index"])]
+                    reqs = sorted(c["requests"], key=lambda q: q["index"])
+                    ttfts = [None if q["ttft_s"] is None else q["ttft_s"] * 1000 for q in reqs]
+                    decodes = [q["decode_tok_s"] for q in reqs]
                     sc = c["server_counters"] or {}
                     server = sc.get("server_decode_tok_s")
                     server_ttft = None if sc.get("server_mean_ttft_s") is None else sc["server_mean_ttft_s"] * 1000
@@ -218,6 +219,9 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                                                                         a.requests_per_session, tool == "vllm_noenv"))
                     run_id = v["ds4_run_id"]
                     ttfts = [t * 1000 if t else None for t in v["ttfts"]]
+                    # per request as vLLM derives it: 1 / TPOT, TPOT = (latency - TTFT) / (output tokens - 1)
+                    decodes = [(n - 1) / (lat - t) if n and n > 1 and lat and t is not None and lat > t else None
+                               for n, lat, t in zip(v["output_lens"], v["latencies"], v["ttfts"], strict=True)]
                     tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
                     r = {"ttft_ms": v["median_ttft_ms"], "ttft_mean_ms": v["mean_ttft_ms"],
                          "per_session": 1000 / tpot if tpot > 0 else float("inf"),
@@ -231,6 +235,10 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                     r["wire_dropped"] = cap.dropped
                     ov = wire.paired_overhead(ttfts, wreq, run_id)
                     r["overhead_ms"] = statistics.median(ov) if ov else None
+                    dr = wire.paired_decode_ratio(decodes, wreq, run_id)
+                    r["decode_vs_wire"] = statistics.median(dr) - 1 if dr else None
+                    agg = wire.run_aggregate_tok_s(wreq, run_id)
+                    r["aggregate_vs_wire"] = r["aggregate"] / agg - 1 if agg else None
                 r["stalled"] = (server is None or r["per_session"] is None
                                 or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT)
                 runs[tool].append(r)
@@ -262,6 +270,16 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                                          "wire_ttft_ms": w, "runs": {t: len(v) for t, v in ov.items()},
                                          "diff_pct": (x["ours"] - x["vllm"]) / w * 100,
                                          "diff_pct_noenv": (x["ours"] - x["vllm_noenv"]) / w * 100}
+        # Output rates against the wire: per run, the median over requests of client decode / wire decode - 1
+        # (per-session), and client aggregate / wire aggregate - 1; per tool the median of the runs.
+        for m, field in (("per_session", "decode_vs_wire"), ("aggregate", "aggregate_vs_wire")):
+            vals = {t: [r[field] for r in runs[t] if r.get(field) is not None] for t in TOOLS}
+            if all(vals.values()):
+                x = {t: statistics.median(vals[t]) for t in TOOLS}
+                row[m]["vs_wire"] = {"rel": x, "range": {t: [min(vals[t]), max(vals[t])] for t in TOOLS},
+                                     "runs": {t: len(v) for t, v in vals.items()},
+                                     "diff_pct": (x["ours"] - x["vllm"]) * 100,
+                                     "diff_pct_noenv": (x["ours"] - x["vllm_noenv"]) * 100}
         for m in ("ttft_ms", "per_session", "aggregate"):
             # TTFT: each client's mean against the server's mean (its histogram gives no median).
             ref, mine = ("server_ttft_ms", "ttft_mean_ms") if m == "ttft_ms" else ("server_decode", m)
@@ -357,32 +375,48 @@ def _pct(x: float) -> str:
 
 def _wire_compare_lines(res: dict) -> list[str]:
     """The whole-tool runs against the wire (rows with `vs_wire`; none when the runs had no capture)."""
-    rows = [r for r in res["comparison"] if "vs_wire" in r["ttft_ms"]]
+    rows = [r for r in res["comparison"] if any("vs_wire" in r[m] for m in ("ttft_ms", "per_session", "aggregate"))]
     if not rows:
         return []
     lines = [
         "",
         "The same runs against the wire: a packet capture of the client's connection (`ds4deploy.bench.wire`) times "
-        "every request from its body leaving the client to its first token arriving, a clock neither tool owns. "
-        "Per request, the tool's TTFT minus the wire's is the tool's own time inside its TTFT; per run its median; "
-        "per tool the median of the runs (range). The difference between two tools as a share of the median wire "
-        "TTFT is how far they read apart on the same request, without the server's spread between requests and "
-        "runs (vLLM's requests paired with their salts through `--disable-shuffle`).",
+        "every request from its body leaving the client to its first and last token arriving, a clock neither tool "
+        "owns, and reads the token counts from the usage event. TTFT: per request the tool's TTFT minus the wire's, "
+        "the tool's own time inside its TTFT (median per run; as a share of the median wire TTFT). Per-session: per "
+        "request the tool's decode rate over the wire's, (tokens - 1) / (last - first token), minus 1 (median per "
+        "run). Aggregate: the tool's aggregate over the wire's (all tokens / first request out to last token in), "
+        "minus 1. Per tool the median of the runs (range). The server's spread between requests and runs drops "
+        "out: what is left is each tool's own reading, and the difference of two tools is how far they read apart "
+        "on the same traffic (vLLM's requests paired with their salts through `--disable-shuffle`).",
         "",
-        "| conc. | wire TTFT median, ms | ours: client time in TTFT, ms | vLLM | ours vs vLLM, % of TTFT "
-        "| vLLM, trust_env off | ours vs that, % of TTFT | runs |",
+        "| conc. | metric | ours vs wire | vLLM vs wire | ours - vLLM | vLLM trust_env off vs wire | ours - that "
+        "| runs |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
-        x = row["ttft_ms"]["vs_wire"]
-        o, rg = x["overhead_ms"], x["range"]
+        x = row["ttft_ms"].get("vs_wire")
+        if x:
+            o, rg, w = x["overhead_ms"], x["range"], x["wire_ttft_ms"]
 
-        def ms(t: str, o=o, rg=rg) -> str:
-            return f"{o[t]:.2f} ({rg[t][0]:.2f} to {rg[t][1]:.2f})"
+            def ttft(t: str, o=o, rg=rg, w=w) -> str:
+                return (f"{100 * o[t] / w:+.2f} % ({o[t]:+.2f} ms; runs {rg[t][0]:+.2f} to {rg[t][1]:+.2f})")
 
-        runs = ", ".join(str(x["runs"][t]) for t in TOOLS)
-        lines.append(f"| {row['concurrency']} | {x['wire_ttft_ms']:.1f} | {ms('ours')} | {ms('vllm')} | "
-                     f"{x['diff_pct']:+.2f} % | {ms('vllm_noenv')} | {x['diff_pct_noenv']:+.2f} % | {runs} |")
+            lines.append(f"| {row['concurrency']} | TTFT (client time, % of the wire's {w:.1f} ms) | {ttft('ours')} "
+                         f"| {ttft('vllm')} | {x['diff_pct']:+.2f} % | {ttft('vllm_noenv')} | "
+                         f"{x['diff_pct_noenv']:+.2f} % | {', '.join(str(x['runs'][t]) for t in TOOLS)} |")
+        for m, label in (("per_session", "per-session output tok/s"), ("aggregate", "aggregate output tok/s")):
+            x = row[m].get("vs_wire")
+            if not x:
+                continue
+            rel, rg = x["rel"], x["range"]
+
+            def pct(t: str, rel=rel, rg=rg) -> str:
+                return f"{100 * rel[t]:+.2f} % (runs {100 * rg[t][0]:+.2f} to {100 * rg[t][1]:+.2f})"
+
+            lines.append(f"| {row['concurrency']} | {label} | {pct('ours')} | {pct('vllm')} | {x['diff_pct']:+.2f} % "
+                         f"| {pct('vllm_noenv')} | {x['diff_pct_noenv']:+.2f} % | "
+                         f"{', '.join(str(x['runs'][t]) for t in TOOLS)} |")
     return lines
 
 

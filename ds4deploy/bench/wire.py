@@ -40,6 +40,7 @@ TAG = re.compile(rb"\[bench ([0-9a-f]+) #(\d{6})\]")
 # a JSON string value that is not empty. vLLM's role-only first frame has "content":"" and does not match.
 TOKEN = re.compile(rb'"(?:reasoning|reasoning_content|content)":"[^"]')
 ROLE = re.compile(rb'"role":"assistant"')
+USAGE = re.compile(rb'"completion_tokens":(\d+)')  # the usage event (stream_options.include_usage)
 OVERLAP = 64  # bytes kept from the previous segment, so an event split across two segments still matches
 
 
@@ -54,6 +55,17 @@ class WireRequest:
     client: str = ""  # the connection's client end, "address port"
     role_s: float | None = None
     first_token_s: float | None = None
+    last_token_s: float | None = None
+    completion_tokens: int | None = None  # from the usage event, when the stream carried one
+
+    @property
+    def decode_tok_s(self) -> float | None:
+        """Decode rate on the wire, tok/s: (completion tokens - 1) / (last - first token), the harness's per-request
+        definition (`ds4deploy.bench.stream.RequestResult.decode_tok_s`) on the capture's clock."""
+        if (self.completion_tokens is None or self.completion_tokens < 2 or self.first_token_s is None
+                or self.last_token_s is None or self.last_token_s <= self.first_token_s):
+            return None
+        return (self.completion_tokens - 1) / (self.last_token_s - self.first_token_s)
 
     @property
     def ttft_ms(self) -> float | None:
@@ -118,13 +130,16 @@ def parse(path: Path, port: int) -> dict[tuple[str, int], WireRequest]:
                     continue
                 c["answered"] = True
                 r: WireRequest = c["req"]
-                if r.first_token_s is not None:
-                    continue
-                buf = c["tail"] + data
+                tail = c["tail"]
+                buf = tail + data
                 if r.role_s is None and ROLE.search(buf):
                     r.role_s = ts
-                if TOKEN.search(buf):
-                    r.first_token_s = ts
+                # A match ending inside the tail was counted with the previous segment.
+                if any(m.end() > len(tail) for m in TOKEN.finditer(buf)):
+                    r.first_token_s = r.first_token_s or ts
+                    r.last_token_s = ts
+                if (m := USAGE.search(buf)) and m.end() > len(tail):
+                    r.completion_tokens = int(m.group(1))
                 c["tail"] = buf[-OVERLAP:]
     out = {}
     for key, reqs in seen.items():
@@ -259,6 +274,28 @@ def median_diff_ci(a: list[float], b: list[float], reps: int = 2000, seed: int =
     diffs = sorted(statistics.median(rnd.choices(a, k=len(a))) - statistics.median(rnd.choices(b, k=len(b)))
                    for _ in range(reps))
     return diffs[int(0.025 * reps)], diffs[min(reps - 1, int(0.975 * reps))]
+
+
+def run_aggregate_tok_s(wire: dict[tuple[str, int], WireRequest], run_id: str,
+                        skip: tuple[int, ...] = (999999,)) -> float | None:
+    """Aggregate output rate of run `run_id` on the wire, tok/s: completion tokens of all its requests / (last
+    token of the last request - first request sent); None when a request lacks its usage event or last token."""
+    reqs = [r for (rid, i), r in wire.items() if rid == run_id and i not in skip]
+    if not reqs or any(r.completion_tokens is None or r.last_token_s is None for r in reqs):
+        return None
+    window = max(r.last_token_s for r in reqs) - min(r.sent_s for r in reqs)
+    return sum(r.completion_tokens for r in reqs) / window if window > 0 else None
+
+
+def paired_decode_ratio(client_decode_tok_s: list[float | None], wire: dict[tuple[str, int], WireRequest],
+                        run_id: str, skip: tuple[int, ...] = (999999,)) -> list[float] | None:
+    """Client decode rate / wire decode rate per request of run `run_id`, paired as in `paired_overhead`;
+    requests without a rate on either side are left out; None when the counts differ."""
+    reqs = sorted((i, r) for (rid, i), r in wire.items() if rid == run_id and i not in skip)
+    if len(reqs) != len(client_decode_tok_s):
+        return None
+    return [c / r.decode_tok_s for c, (_i, r) in zip(client_decode_tok_s, reqs, strict=True)
+            if c is not None and r.decode_tok_s]
 
 
 def paired_overhead(client_ttfts_ms: list[float | None], wire: dict[tuple[str, int], WireRequest], run_id: str,

@@ -94,6 +94,26 @@ def test_any_capture_keeps_the_clients_own_connection():
     assert wire.paired_overhead(ttfts[:3], w, run) is None
 
 
+def test_any_capture_output_rates_match_the_cells():
+    """Token counts from the usage events and the decode window on the wire: the same as the cell's own record
+    (max_tokens 8, ignore_eos), and its per-request decode rate within 2 % of the wire's (the client times each
+    chunk a few hundredths of a ms after the wire, on a 15 ms window)."""
+    w = wire.parse(FIX / "bench-run-c2-any.pcap", 8000)
+    run = CELL["run_id"]
+    reqs = sorted(CELL["requests"], key=lambda q: q["index"])
+    mine = [w[(run, i)] for i in range(4)]
+    assert [x.completion_tokens for x in mine] == [q["completion_tokens"] for q in reqs] == [8] * 4
+    ratios = wire.paired_decode_ratio([q["decode_tok_s"] for q in reqs], w, run)
+    assert ratios is not None and len(ratios) == 4
+    assert all(abs(r - 1) < 0.02 for r in ratios)
+    agg = wire.run_aggregate_tok_s(w, run)
+    assert agg == pytest.approx(32 / (max(x.last_token_s for x in mine) - min(x.sent_s for x in mine)))
+    # The cell's own aggregate spans the same traffic on the client's clock: close, never faster than the wire
+    # by more than the client's read lag allows.
+    assert 0.8 < CELL["output_throughput"] / agg < 1.02
+    assert wire.paired_decode_ratio([1.0], w, run) is None
+
+
 def _pcap(path: Path, segments: list[tuple[float, int, int, bytes]]) -> None:
     """A capture of TCP segments (time, source port, destination port, payload) on 127.0.0.1, Ethernet framing."""
     with path.open("wb") as f:
@@ -117,7 +137,9 @@ def test_event_split_across_segments_and_body_after_headers(tmp_path):
             (1.010, 8000, 50000, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"),
             (1.020, 8000, 50000, role + b'data: {"choices":[{"delta":{"con'),
             (1.030, 8000, 50000, b'tent":"Hello"}}]}\n\n'),
-            (1.040, 8000, 50000, token)]
+            (1.040, 8000, 50000, token + b'lo"}}]}\n\n'),
+            (1.050, 8000, 50000, b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion'),
+            (1.060, 8000, 50000, b'_tokens":3,"total_tokens":12}}\n\ndata: [DONE]\n\n')]
     _pcap(tmp_path / "c.pcap", segs)
     (x,) = wire.parse(tmp_path / "c.pcap", 8000).values()
     assert (x.run_id, x.index) == ("00c0ffee", 7)
@@ -125,6 +147,11 @@ def test_event_split_across_segments_and_body_after_headers(tmp_path):
     assert x.role_s == pytest.approx(1.020)
     assert x.first_token_s == pytest.approx(1.030)
     assert x.ttft_ms == pytest.approx(28.0)
+    # The last token is the 1.040 segment: the usage segments after it carry none (their overlap with the token
+    # before does not count again), and the usage event split in two still gives the count.
+    assert x.last_token_s == pytest.approx(1.040)
+    assert x.completion_tokens == 3
+    assert x.decode_tok_s == pytest.approx(2 / 0.010)
 
 
 def test_unsupported_link_type(tmp_path):
