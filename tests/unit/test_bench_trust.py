@@ -49,3 +49,29 @@ def test_probe_lines_render_every_client():
     x = res["send_delay"]["wire"]["vllm"]
     assert f"{x['diff_pct']:+.2f} %" in rows[1] and f"{x['stalls']} / {x['n']}" in rows[1]
     assert trust._wire_probe_lines({"send_delay": {}, "interleaved": {}}) == []
+
+
+def test_committed_section_is_the_committed_json(tmp_path):
+    """docs/bench-harness.md's measurement section is what docs/bench-harness.json renders to: every figure in the
+    doc comes from the run's raw numbers (the prose above the section quotes them)."""
+    docs = Path(__file__).parents[2] / "docs"
+    doc = tmp_path / "bench-harness.md"
+    doc.write_text((docs / "bench-harness.md").read_text())
+    trust.write_doc(json.loads((docs / "bench-harness.json").read_text()), doc)
+    assert doc.read_text() == (docs / "bench-harness.md").read_text()
+
+
+def test_compare_lines_against_the_wire():
+    res = json.loads((Path(__file__).parents[2] / "docs" / "bench-harness.json").read_text())
+    lines = trust._wire_compare_lines(res)
+    for row in res["comparison"]:
+        c = row["concurrency"]
+        x = row["ttft_ms"]["vs_wire"]
+        (ttft,) = [ln for ln in lines if ln.startswith(f"| {c} | TTFT (client time")]
+        assert f"| {x['diff_pct']:+.2f} % |" in ttft and f"| {x['diff_pct_noenv']:+.2f} % |" in ttft
+        assert f"{100 * x['overhead_ms']['ours'] / x['wire_ttft_ms']:+.2f} %" in ttft
+        for m, label in (("per_session", "per-session"), ("aggregate", "aggregate")):
+            (ln,) = [ln for ln in lines if ln.startswith(f"| {c} | {label} output tok/s")]
+            assert f"| {row[m]['vs_wire']['diff_pct']:+.2f} % |" in ln
+    no_wire = {"comparison": [{"concurrency": 1, "ttft_ms": {}, "per_session": {}, "aggregate": {}}]}
+    assert trust._wire_compare_lines(no_wire) == []
