@@ -70,7 +70,11 @@ CHAT_TEMPLATE = (
     "</tool_response><|im_end|>\n"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n"
+    # Qwen3's switch (its tokenizer_config.json chat template): thinking off pre-fills an empty reasoning block, so
+    # the benchmark's thinking on/off cells (chat_template_kwargs enable_thinking) reach the template and differ.
+    "{% if enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}"
+    "{%- endif %}"
 )
 
 

@@ -408,6 +408,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
         for cell, n_req in zip(cells, per_cell, strict=True):
             progress.update(task, description=f"{cell.cell_id} (fitting prompt)")
             payloads = []
+            first_salt = req_no  # request i of the cell carries salt index first_salt + i
             for _ in range(n_req):
                 text, fitted_n = text_for(cell, req_no)
                 req_no += 1
@@ -440,7 +441,10 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
                 "harness_cpu_s": cpu,
                 "harness_cpu_ms_per_1k_tokens": cpu * 1000 / (tokens / 1000) if tokens else None,
                 "flags": flags, "valid": not flags,
-                "requests": [r.as_dict() for r in results],
+                # salt_index: the "#NNNNNN" of the request's salt, so a packet capture can find it
+                # (ds4deploy.bench.wire); None when the run is unsalted
+                "requests": [r.as_dict() | {"salt_index": first_salt + r.index if salted else None}
+                             for r in results],
             }
             write_cell(out_dir, profile.name, record)
             records.append(record)

@@ -168,6 +168,34 @@ def theirs(a: argparse.Namespace, work: Path, key: str | None, counter: TokenCou
     return json.loads((work / result).read_text()) | {"ds4_run_id": run_id}
 
 
+def _against_wire(r: dict, cap: wire.Capture | None, run_id: str, ttfts: dict[int, float | None],
+                  decodes: dict[int, float | None]) -> None:
+    """Add one whole-tool run's figures against the wire to its record `r` (nothing without a capture): the median
+    wire TTFT of its requests (`wire_ttft_ms`, ms), the tool's reported median TTFT over it minus 1
+    (`ttft_vs_wire`), the median per-request client time inside TTFT (`overhead_ms`, ms), the median per-request
+    decode ratio minus 1 (`decode_vs_wire`) and the aggregate ratio minus 1 (`aggregate_vs_wire`). `ttfts` and
+    `decodes` are the tool's per-request TTFT (ms) and decode rate (tok/s) keyed by salt index. A capture that
+    dropped packets, or lacks one of the run's requests, leaves the run out of every wire figure, with a message:
+    a lost segment would misdate a token rather than lose a request."""
+    wreq = _wire_requests(cap)
+    if wreq is None or cap is None:
+        return
+    r["wire_dropped"] = cap.dropped
+    ov = wire.paired_overhead(ttfts, wreq, run_id)
+    why = (f"the capture dropped {cap.dropped} packets" if cap.dropped
+           else "the capture lacks some of its requests" if ov is None else None)
+    if why:
+        print(f"  run {run_id} left out of the wire figures: {why}", file=sys.stderr, flush=True)
+        return
+    r["wire_ttft_ms"] = wire.run_ttft_ms(wreq, run_id, sorted(ttfts))
+    r["ttft_vs_wire"] = r["ttft_ms"] / r["wire_ttft_ms"] - 1 if r["wire_ttft_ms"] else None
+    r["overhead_ms"] = statistics.median(ov) if ov else None
+    dr = wire.paired_decode_ratio(decodes, wreq, run_id)
+    r["decode_vs_wire"] = statistics.median(dr) - 1 if dr else None
+    agg = wire.run_aggregate_tok_s(wreq, run_id, sorted(ttfts))
+    r["aggregate_vs_wire"] = r["aggregate"] / agg - 1 if agg else None
+
+
 def _server_rates(scrape, run) -> tuple[dict, float | None, float | None]:
     """Run `run()` between two /metrics scrapes; returns its result, the server's own per-session decode rate over
     the run (`ds4deploy.bench.metrics.CounterDelta.server_decode_tok_s`, tok/s) and its mean TTFT
@@ -202,9 +230,9 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                     with _capture(a, work, f"c{conc}-{rep}-{tool}") as cap:
                         c = ours(a, work, conc, a.requests_per_session, a.output_tokens)
                     run_id = c["run_id"]
-                    reqs = sorted(c["requests"], key=lambda q: q["index"])
-                    ttfts = [None if q["ttft_s"] is None else q["ttft_s"] * 1000 for q in reqs]
-                    decodes = [q["decode_tok_s"] for q in reqs]
+                    ttfts = {q["salt_index"]: None if q["ttft_s"] is None else q["ttft_s"] * 1000
+                             for q in c["requests"]}
+                    decodes = {q["salt_index"]: q["decode_tok_s"] for q in c["requests"]}
                     sc = c["server_counters"] or {}
                     server = sc.get("server_decode_tok_s")
                     server_ttft = None if sc.get("server_mean_ttft_s") is None else sc["server_mean_ttft_s"] * 1000
@@ -218,10 +246,12 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                             scrape, lambda conc=conc, tool=tool: theirs(a, work, key, counter, conc,
                                                                         a.requests_per_session, tool == "vllm_noenv"))
                     run_id = v["ds4_run_id"]
-                    ttfts = [t * 1000 if t else None for t in v["ttfts"]]
+                    # request i of vLLM's lists carries salt i (`theirs`: the dataset's order, --disable-shuffle)
+                    ttfts = {i: t * 1000 if t else None for i, t in enumerate(v["ttfts"])}
                     # per request as vLLM derives it: 1 / TPOT, TPOT = (latency - TTFT) / (output tokens - 1)
-                    decodes = [(n - 1) / (lat - t) if n and n > 1 and lat and t is not None and lat > t else None
-                               for n, lat, t in zip(v["output_lens"], v["latencies"], v["ttfts"], strict=True)]
+                    decodes = {i: (n - 1) / (lat - t) if n and n > 1 and lat and t is not None and lat > t else None
+                               for i, (n, lat, t) in enumerate(zip(v["output_lens"], v["latencies"], v["ttfts"],
+                                                                   strict=True))}
                     tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
                     r = {"ttft_ms": v["median_ttft_ms"], "ttft_mean_ms": v["mean_ttft_ms"],
                          "per_session": 1000 / tpot if tpot > 0 else float("inf"),
@@ -229,16 +259,7 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                          "prompt_tokens": v["total_input_tokens"] / max(1, v["completed"])}
                 r["server_decode"] = server
                 r["server_ttft_ms"] = server_ttft
-                wreq = _wire_requests(cap)
-                if wreq is not None:
-                    r["wire_ttft_ms"], r["wire_requests"] = wire.run_ttft_ms(wreq, run_id)
-                    r["wire_dropped"] = cap.dropped
-                    ov = wire.paired_overhead(ttfts, wreq, run_id)
-                    r["overhead_ms"] = statistics.median(ov) if ov else None
-                    dr = wire.paired_decode_ratio(decodes, wreq, run_id)
-                    r["decode_vs_wire"] = statistics.median(dr) - 1 if dr else None
-                    agg = wire.run_aggregate_tok_s(wreq, run_id)
-                    r["aggregate_vs_wire"] = r["aggregate"] / agg - 1 if agg else None
+                _against_wire(r, cap, run_id, ttfts, decodes)
                 r["stalled"] = (server is None or r["per_session"] is None
                                 or abs(r["per_session"] / server - 1) > STREAM_DISAGREE_LIMIT)
                 runs[tool].append(r)
@@ -270,13 +291,16 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                                          "wire_ttft_ms": w, "runs": {t: len(v) for t, v in ov.items()},
                                          "diff_pct": (x["ours"] - x["vllm"]) / w * 100,
                                          "diff_pct_noenv": (x["ours"] - x["vllm_noenv"]) / w * 100}
-        # Output rates against the wire: per run, the median over requests of client decode / wire decode - 1
-        # (per-session), and client aggregate / wire aggregate - 1; per tool the median of the runs.
-        for m, field in (("per_session", "decode_vs_wire"), ("aggregate", "aggregate_vs_wire")):
+        # The reported figures against the wire: per run the tool's median TTFT / the wire's median TTFT of the same
+        # requests - 1 (client stalls move it, unlike the per-request median above), the median over requests of
+        # client decode / wire decode - 1 (per-session), and client aggregate / wire aggregate - 1; per tool the
+        # median of the runs.
+        for m, field in (("ttft_reported", "ttft_vs_wire"), ("per_session", "decode_vs_wire"),
+                         ("aggregate", "aggregate_vs_wire")):
             vals = {t: [r[field] for r in runs[t] if r.get(field) is not None] for t in TOOLS}
             if all(vals.values()):
                 x = {t: statistics.median(vals[t]) for t in TOOLS}
-                row[m]["vs_wire"] = {"rel": x, "range": {t: [min(vals[t]), max(vals[t])] for t in TOOLS},
+                row.setdefault(m, {})["vs_wire"] = {"rel": x, "range": {t: [min(vals[t]), max(vals[t])] for t in TOOLS},
                                      "runs": {t: len(v) for t, v in vals.items()},
                                      "diff_pct": (x["ours"] - x["vllm"]) * 100,
                                      "diff_pct_noenv": (x["ours"] - x["vllm_noenv"]) * 100}
@@ -339,23 +363,32 @@ def interleaved(a: argparse.Namespace, work: Path, key: str | None, counter: Tok
 
 
 def wire_summary(ov: dict[str, dict], dropped: int | None) -> dict:
-    """Per client, `ds4deploy.bench.wire.client_overhead` without the raw values, plus ours against it: the
-    difference of the median client times inside TTFT (ours - theirs, ms, with its 95 % bootstrap interval) and
-    that difference as a share of the median wire TTFT of all the probe's requests (`diff_pct`, `diff_pct_ci`, %):
-    how far the two instruments would read apart on the very same request."""
+    """Per client, `ds4deploy.bench.wire.client_overhead` without the raw values, plus ours against it, in two
+    forms with 95 % bootstrap intervals: the difference of the median client times inside TTFT (ours - theirs,
+    `diff_ms`, ms, and as a share of the median wire TTFT of all the probe's requests, `diff_pct`, %): how far the
+    two read apart on a typical request; and the difference of the reported medians' offsets from the wire
+    (`reported_diff_pct`, percentage points): how far the figures they print read apart, stalls included.
+
+    Raises UserError when the capture dropped packets or holds fewer than 2 requests of a client."""
+    if dropped:
+        raise UserError(f"the packet capture of the request-by-request probe dropped {dropped} packets, so some "
+                        "requests may be misdated", "rerun on a quieter host, or pass --no-wire")
     short = [t for t in TOOLS if "overhead_ms_median" not in ov.get(t, {})]
     if short:
-        raise SystemExit(f"the packet capture holds too few of the probe's requests of {', '.join(short)} "
-                         f"({dropped} packets dropped by the kernel); rerun, or pass --no-wire")
-    wire_all = statistics.median(x["wire_ttft_ms_median"] for x in ov.values())
+        raise UserError(f"the packet capture holds too few of the probe's requests of {', '.join(short)}",
+                        "check that the server is reached over plain http on the captured port, or pass --no-wire")
+    wire_all = statistics.median(w for x in ov.values() for _c, w in x["pairs"])
     out: dict = {"dropped_packets": dropped, "wire_ttft_ms_median_all": wire_all}
     for t, x in ov.items():
-        out[t] = {k: v for k, v in x.items() if k != "overhead_ms"}
+        out[t] = {k: v for k, v in x.items() if k not in ("overhead_ms", "pairs")}
         if t != "ours":
             d = ov["ours"]["overhead_ms_median"] - x["overhead_ms_median"]
             lo, hi = wire.median_diff_ci(ov["ours"]["overhead_ms"], x["overhead_ms"])
+            rlo, rhi = wire.reported_diff_ci(ov["ours"]["pairs"], x["pairs"])
             out[t] |= {"diff_ms": d, "diff_ms_ci": [lo, hi], "diff_pct": 100 * d / wire_all,
-                       "diff_pct_ci": [100 * lo / wire_all, 100 * hi / wire_all]}
+                       "diff_pct_ci": [100 * lo / wire_all, 100 * hi / wire_all],
+                       "reported_diff_pct": 100 * (ov["ours"]["reported_vs_wire"] - x["reported_vs_wire"]),
+                       "reported_diff_pct_ci": [100 * rlo, 100 * rhi]}
     return out
 
 
@@ -375,15 +408,18 @@ def _pct(x: float) -> str:
 
 def _wire_compare_lines(res: dict) -> list[str]:
     """The whole-tool runs against the wire (rows with `vs_wire`; none when the runs had no capture)."""
-    rows = [r for r in res["comparison"] if any("vs_wire" in r[m] for m in ("ttft_ms", "per_session", "aggregate"))]
+    rows = [r for r in res["comparison"]
+            if any("vs_wire" in r.get(m, {}) for m in ("ttft_ms", "ttft_reported", "per_session", "aggregate"))]
     if not rows:
         return []
     lines = [
         "",
         "The same runs against the wire: a packet capture of the client's connection (`ds4deploy.bench.wire`) times "
         "every request from its body leaving the client to its first and last token arriving, a clock neither tool "
-        "owns, and reads the token counts from the usage event. TTFT: per request the tool's TTFT minus the wire's, "
-        "the tool's own time inside its TTFT (median per run; as a share of the median wire TTFT). Per-session: per "
+        "owns, and reads the token counts from the usage event. TTFT (client time): per request the tool's TTFT "
+        "minus the wire's, the tool's own time inside its TTFT (median per run; as a share of the median wire "
+        "TTFT). TTFT, reported median: the median the tool reports over the wire's median of the same requests, "
+        "minus 1 (client stalls move this one, not the per-request median). Per-session: per "
         "request the tool's decode rate over the wire's, (tokens - 1) / (last - first token), minus 1 (median per "
         "run). Aggregate: the tool's aggregate over the wire's (all tokens / first request out to last token in), "
         "minus 1. Per tool the median of the runs (range). The server's spread between requests and runs drops "
@@ -405,8 +441,9 @@ def _wire_compare_lines(res: dict) -> list[str]:
             lines.append(f"| {row['concurrency']} | TTFT (client time, % of the wire's {w:.1f} ms) | {ttft('ours')} "
                          f"| {ttft('vllm')} | {x['diff_pct']:+.2f} % | {ttft('vllm_noenv')} | "
                          f"{x['diff_pct_noenv']:+.2f} % | {', '.join(str(x['runs'][t]) for t in TOOLS)} |")
-        for m, label in (("per_session", "per-session output tok/s"), ("aggregate", "aggregate output tok/s")):
-            x = row[m].get("vs_wire")
+        for m, label in (("ttft_reported", "TTFT, reported median (vs the wire's median)"),
+                         ("per_session", "per-session output tok/s"), ("aggregate", "aggregate output tok/s")):
+            x = row.get(m, {}).get("vs_wire")
             if not x:
                 continue
             rel, rg = x["rel"], x["range"]
@@ -433,25 +470,28 @@ def _wire_probe_lines(res: dict) -> list[str]:
         "(send path, event loop, parser). Stalls: requests with more than "
         f"{wire.STALL_MS:.0f} ms of it (the client process did not reach the chunk). Role frame: how long vLLM's "
         "role-only frame leaves before the first token (`vllm bench serve` stops its clock at that frame, we at the "
-        "first text). Ours - theirs: difference of the medians, in ms and as a share of the median wire TTFT, "
-        "with 95 % bootstrap intervals.",
+        "first text). Ours - this, client time: difference of the median client times as a share of the median "
+        "wire TTFT. Reported: each client's median TTFT over the wire's median of the same requests, minus 1 "
+        "(stalls included); ours - this in percentage points. Intervals: 95 % bootstrap, requests taken as "
+        "independent.",
         "",
         "| conc. | client | wire TTFT median, ms | client time in TTFT: median, ms | p90, ms | stalls / requests "
-        "| role frame ahead, ms | ours - this, ms | ours - this, % of TTFT |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| role frame ahead, ms | ours - this, client time, % of TTFT | reported median vs wire | ours - this, "
+        "reported |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for conc, w in blocks:
         for t in TOOLS:
             x = w[t]
             role = "-" if x.get("role_lead_ms_median") is None else f"{x['role_lead_ms_median']:.3f}"
-            diff = (f"{x['diff_ms']:+.3f} ({x['diff_ms_ci'][0]:+.3f} to {x['diff_ms_ci'][1]:+.3f}) | "
-                    f"{x['diff_pct']:+.2f} % ({x['diff_pct_ci'][0]:+.2f} to {x['diff_pct_ci'][1]:+.2f})"
-                    if "diff_ms" in x else "- | -")
+            diff = (f"{x['diff_pct']:+.2f} % ({x['diff_pct_ci'][0]:+.2f} to {x['diff_pct_ci'][1]:+.2f})"
+                    if "diff_pct" in x else "-")
+            rep = (f"{x['reported_diff_pct']:+.2f} ({x['reported_diff_pct_ci'][0]:+.2f} to "
+                   f"{x['reported_diff_pct_ci'][1]:+.2f})" if "reported_diff_pct" in x else "-")
             lines.append(f"| {conc} | {TOOL_NAMES[t]} | {x['wire_ttft_ms_median']:.2f} | "
                          f"{x['overhead_ms_median']:.3f} | {x['overhead_ms_p90']:.3f} | {x['stalls']} / {x['n']} | "
-                         f"{role} | {diff} |")
-        if w.get("dropped_packets"):
-            lines.append(f"| {conc} | (capture) | {w['dropped_packets']} packets dropped by the kernel | | | | | | |")
+                         f"{role} | {diff} | {_pct(x['reported_vs_wire']) if 'reported_vs_wire' in x else '-'} | "
+                         f"{rep} |")
     return lines
 
 
@@ -619,7 +659,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.from_json:
         write_doc(json.loads(Path(a.from_json).read_text()), Path(a.out))
         return 0
-    if a.wire and (why := wire.available() or (None if os.geteuid() == 0 else "packet capture needs root")):
+    if a.wire and (why := wire.available() or (None if os.geteuid() == 0 else "packet capture needs root")
+                   or ("the salts are encrypted on https" if (a.url or "").startswith("https") else None)):
         print(f"no wire reference: {why}; TTFT is compared without it", file=sys.stderr)
         a.wire = False
     recipe = load_recipe(a.recipe)

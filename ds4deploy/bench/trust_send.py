@@ -154,8 +154,9 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
 if __name__ == "__main__":
     url, n, prompt_file, model, out_tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
     conc = int(sys.argv[6]) if len(sys.argv) > 6 else 1
-    if n < 2 or out_tokens < 2 or conc < 1:
-        raise SystemExit("need at least 2 requests per client, 2 output tokens and 1 session")
+    if n < 2 or out_tokens < 2 or not 1 <= conc < 100:
+        # below 100 sessions: the salt index (session * 10000 + request) keeps its 6 digits
+        raise SystemExit("need at least 2 requests per client, 2 output tokens and 1-99 sessions")
     with open(prompt_file, encoding="utf-8") as f:
         res = asyncio.run(measure(url, os.environ.get("OPENAI_API_KEY", ""), n, f.read(), model, out_tokens, conc))
     print(json.dumps(res))

@@ -83,7 +83,7 @@ def _tcp(reader: dpkt.pcap.Reader) -> Iterator[tuple[float, dpkt.ip.IP | dpkt.ip
     elif link == getattr(dpkt.pcap, "DLT_LINUX_SLL2", 276):
         frame = dpkt.sll2.SLL2
     else:
-        raise ValueError(f"unsupported capture link type {link} (capture on lo or an Ethernet interface)")
+        raise ValueError(f"unsupported capture link type {link} (capture on lo, any or an Ethernet interface)")
     for ts, buf in reader:
         ip = frame(buf).data
         if isinstance(ip, dpkt.ip.IP | dpkt.ip6.IP6) and isinstance(ip.data, dpkt.tcp.TCP) and ip.data.data:
@@ -94,53 +94,95 @@ def _addr(packed: bytes) -> str:
     return socket.inet_ntop(socket.AF_INET6 if len(packed) == 16 else socket.AF_INET, packed)
 
 
+class _Stream:
+    """One direction of one TCP connection: hands out each byte once, in order, so a retransmitted segment (or
+    the repeated part of one) is not read twice, and keeps the last `OVERLAP` bytes so a pattern cut by a segment
+    boundary still matches."""
+
+    def __init__(self) -> None:
+        self.base: int | None = None  # the first sequence number seen
+        self.next = 0  # bytes handed out so far, relative to `base`
+        self.tail = b""
+
+    def new_data(self, seq: int, data: bytes) -> bytes:
+        """The part of a segment not seen before (b"" for a pure retransmission); after a gap (a segment the
+        capture lost) reading goes on from the new segment."""
+        if self.base is None:
+            self.base = seq
+        start = (seq - self.base) % 2**32
+        end = start + len(data)
+        if end <= self.next:
+            return b""
+        new = data[max(0, self.next - start):]
+        self.next = end
+        return new
+
+
+def _find_new(pattern: re.Pattern, tail: bytes, buf: bytes) -> re.Match | None:
+    """The first match of `pattern` in `buf` (= tail + new bytes) that ends in the new bytes: a match wholly inside
+    the tail was already found with the previous segment."""
+    return next((m for m in pattern.finditer(buf) if m.end() > len(tail)), None)
+
+
 def parse(path: Path, port: int) -> dict[tuple[str, int], WireRequest]:
     """Every salted request to server `port` in the pcap file `path`, keyed by (run id, request index).
 
-    A request starts with a client segment carrying a salt; further client segments before the first server byte
-    are the rest of its body (its `sent_s` moves to the last one; a segment with the same salt then is a
-    retransmission or the body after the headers); server bytes after that belong to it until the next salted
-    request on the same connection (HTTP/1.1 keep-alive, no pipelining).
+    Each direction of a connection is read in sequence order, each byte once (`_Stream`: retransmissions are
+    skipped). A request starts with the client bytes carrying a salt; further client bytes before the first server
+    byte are the rest of its body (its `sent_s` moves to the last of them); server bytes after that belong to it
+    until the next salted request on the same connection (HTTP/1.1 keep-alive, no pipelining: aiohttp, which both
+    clients use, waits for a response before reusing a connection).
 
     The same salt can go out more than once: the harness sizes each prompt with the server's /tokenize before it
     sends it (the answer is JSON, no token), and a capture on "any" sees a local container's traffic again behind
     Docker's port proxy. The request kept per salt is the earliest one answered with a token (the client's own
     connection: the proxy forwards only after it has received), else the last one seen.
 
-    Raises ValueError for a capture of an unsupported link type."""
+    Raises UserError for a file that is not a readable capture or of an unsupported link type."""
     conns: dict[tuple, dict] = {}  # by (client address, client port, server address)
     seen: dict[tuple[str, int], list[WireRequest]] = {}
-    with path.open("rb") as f:
-        for ts, ip, tcp in _tcp(dpkt.pcap.Reader(f)):
-            data = bytes(tcp.data)
-            if tcp.dport == port:
-                c = conns.setdefault((ip.src, tcp.sport, ip.dst), {"req": None, "answered": False, "tail": b""})
-                m = TAG.search(data)
-                key = (m.group(1).decode(), int(m.group(2))) if m else None
-                cur: WireRequest | None = c["req"]
-                if cur is not None and not c["answered"] and (key is None or key == (cur.run_id, cur.index)):
-                    cur.sent_s = ts
-                elif key is not None:
-                    c.update(req=WireRequest(key[0], key[1], ts, f"{_addr(ip.src)} {tcp.sport}"), answered=False,
-                             tail=b"")
-                    seen.setdefault(key, []).append(c["req"])
-            elif tcp.sport == port:
-                c = conns.get((ip.dst, tcp.dport, ip.src))
-                if c is None or c["req"] is None:
-                    continue
-                c["answered"] = True
-                r: WireRequest = c["req"]
-                tail = c["tail"]
-                buf = tail + data
-                if r.role_s is None and ROLE.search(buf):
-                    r.role_s = ts
-                # A match ending inside the tail was counted with the previous segment.
-                if any(m.end() > len(tail) for m in TOKEN.finditer(buf)):
-                    r.first_token_s = r.first_token_s or ts
-                    r.last_token_s = ts
-                if (m := USAGE.search(buf)) and m.end() > len(tail):
-                    r.completion_tokens = int(m.group(1))
-                c["tail"] = buf[-OVERLAP:]
+    try:
+        with path.open("rb") as f:
+            for ts, ip, tcp in _tcp(dpkt.pcap.Reader(f)):
+                if tcp.dport == port:
+                    c = conns.setdefault((ip.src, tcp.sport, ip.dst),
+                                         {"req": None, "answered": False, "up": _Stream(), "down": _Stream()})
+                    up: _Stream = c["up"]
+                    data = up.new_data(tcp.seq, bytes(tcp.data))
+                    if not data:
+                        continue
+                    buf, tail = up.tail + data, up.tail
+                    up.tail = buf[-OVERLAP:]
+                    m = _find_new(TAG, tail, buf)
+                    if m:
+                        key = (m.group(1).decode(), int(m.group(2)))
+                        c.update(req=WireRequest(key[0], key[1], ts, f"{_addr(ip.src)} {tcp.sport}"),
+                                 answered=False)
+                        seen.setdefault(key, []).append(c["req"])
+                    elif c["req"] is not None and not c["answered"]:
+                        c["req"].sent_s = ts
+                elif tcp.sport == port:
+                    c = conns.get((ip.dst, tcp.dport, ip.src))
+                    if c is None:
+                        continue
+                    down: _Stream = c["down"]
+                    data = down.new_data(tcp.seq, bytes(tcp.data))
+                    if not data or c["req"] is None:
+                        continue
+                    c["answered"] = True
+                    r: WireRequest = c["req"]
+                    buf, tail = down.tail + data, down.tail
+                    down.tail = buf[-OVERLAP:]
+                    if r.role_s is None and _find_new(ROLE, tail, buf):
+                        r.role_s = ts
+                    if _find_new(TOKEN, tail, buf):
+                        r.first_token_s = r.first_token_s or ts
+                        r.last_token_s = ts
+                    if m := _find_new(USAGE, tail, buf):
+                        r.completion_tokens = int(m.group(1))
+    except (ValueError, dpkt.dpkt.NeedData, dpkt.dpkt.UnpackError) as exc:
+        raise UserError(f"cannot read the packet capture {path}: {exc or type(exc).__name__}",
+                        "rerun (tcpdump may have stopped before writing), or pass --no-wire") from None
     out = {}
     for key, reqs in seen.items():
         answered = [r for r in reqs if r.first_token_s is not None]
@@ -180,9 +222,10 @@ def capture(path: Path, port: int, interface: str = "lo") -> Iterator[Capture]:
     Raises UserError when tcpdump is missing or fails to start (e.g. not root)."""
     why = available()
     if why:
-        raise UserError(f"cannot capture the benchmark traffic: {why}", "install tcpdump, or run without --wire")
-    cmd = ["tcpdump", "-i", interface, "-s", "0", "-U", "-n", "-Z", "root", "-w", str(path), "tcp", "port",
-           str(port)]
+        raise UserError(f"cannot capture the benchmark traffic: {why}", "install tcpdump, or pass --no-wire")
+    # -B: a 16 MiB kernel buffer (KiB; the default 2 MiB is what a busy 2-core host overruns first)
+    cmd = ["tcpdump", "-i", interface, "-s", "0", "-B", "16384", "-U", "-n", "-Z", "root", "-w", str(path), "tcp",
+           "port", str(port)]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     assert p.stderr is not None
     # "tcpdump: listening on lo, link-type EN10MB ..." (on "any" after a "data link type LINUX_SLL2" line), or an
@@ -194,7 +237,7 @@ def capture(path: Path, port: int, interface: str = "lo") -> Iterator[Capture]:
             p.kill()
             rest = p.communicate()[1]
             raise UserError(f"tcpdump did not start: {(head + rest).strip()}",
-                            "run as root (packet capture needs CAP_NET_RAW), or run without --wire")
+                            "run as root (packet capture needs CAP_NET_RAW), or pass --no-wire")
         head += line
     cap = Capture(path, port)
     try:
@@ -220,13 +263,21 @@ def capture(path: Path, port: int, interface: str = "lo") -> Iterator[Capture]:
 STALL_MS = 5.0
 
 
-def run_ttft_ms(wire: dict[tuple[str, int], WireRequest], run_id: str,
-                skip: tuple[int, ...] = (999999,)) -> tuple[float | None, int]:
-    """Median wire TTFT (ms) over the requests of benchmark run `run_id` that got a first token, and their count.
-    `skip`: request indexes that are not part of the measurement (999999 is `ds4deploy bench run`'s probe
-    request, `ds4deploy.bench.run`)."""
-    vals = [r.ttft_ms for (rid, i), r in wire.items() if rid == run_id and i not in skip and r.ttft_ms is not None]
-    return (statistics.median(vals) if vals else None), len(vals)
+def pair(client: dict[int, float | None], wire: dict[tuple[str, int], WireRequest],
+         run_id: str) -> list[tuple[float, WireRequest]] | None:
+    """The client's per-request values (keyed by salt index) with the same requests on the wire, in index order;
+    values that are None are left out. None when the capture lacks any of the client's requests: then nothing of
+    the run is paired (a run is compared whole or not at all)."""
+    if any((run_id, i) not in wire for i in client):
+        return None
+    return [(v, wire[(run_id, i)]) for i, v in sorted(client.items()) if v is not None]
+
+
+def run_ttft_ms(wire: dict[tuple[str, int], WireRequest], run_id: str, indexes: list[int]) -> float | None:
+    """Median wire TTFT (ms) over requests `indexes` of run `run_id` that got a first token (None if none did)."""
+    vals = [wire[(run_id, i)].ttft_ms for i in indexes if (run_id, i) in wire]
+    vals = [v for v in vals if v is not None]
+    return statistics.median(vals) if vals else None
 
 
 def client_overhead(records: list[dict], wire: dict[tuple[str, int], WireRequest], run_id: str) -> dict[str, dict]:
@@ -235,7 +286,10 @@ def client_overhead(records: list[dict], wire: dict[tuple[str, int], WireRequest
     `records`: [{"client": str, "index": int, "ttft_ms": float}] (`ds4deploy.bench.trust_send`); requests the
     capture does not hold (or holds without a first token) are counted as `missing`. Per client: `n`,
     `missing`, `wire_ttft_ms_median`, `ttft_ms_median` (the client's own, same requests),
-    `overhead_ms_median`/`_p90`/`_mean` (ms), `stalls` (requests with more than `STALL_MS` of client time),
+    `overhead_ms_median`/`_p90`/`_mean` (ms), `reported_vs_wire` (the client's median TTFT / the wire's median
+    TTFT of the same requests - 1: what its reported figure is off by, stalls included), `stalls` (requests with
+    more than `STALL_MS` of client time), `pairs` ((client TTFT, wire TTFT) per request, ms, for
+    `reported_diff_ci`),
     `role_lead_ms_median` (how long vLLM's role-only frame leaves before the first token, on the wire: a client
     that stops its TTFT clock at that frame, as `vllm bench serve` does, reads that much less) and `overhead_ms`
     (every value, for `median_diff_ci`)."""
@@ -262,50 +316,63 @@ def client_overhead(records: list[dict], wire: dict[tuple[str, int], WireRequest
                             "overhead_ms_median": statistics.median(ov),
                             "overhead_ms_p90": statistics.quantiles(ov, n=10)[-1],
                             "overhead_ms_mean": statistics.mean(ov),
+                            "reported_vs_wire": statistics.median(d["ttft"]) / statistics.median(d["wire"]) - 1,
                             "stalls": sum(x > STALL_MS for x in ov), "overhead_ms": ov,
+                            "pairs": list(zip(d["ttft"], d["wire"], strict=True)),
                             "role_lead_ms_median": statistics.median(d["role"]) if d["role"] else None}
     return out
 
 
+def _interval(values: list[float]) -> tuple[float, float]:
+    """The 2.5th and 97.5th percentile of bootstrap replicates (nearest rank)."""
+    v = sorted(values)
+    return v[max(0, round(0.025 * len(v)) - 1)], v[min(len(v) - 1, round(0.975 * len(v)) - 1)]
+
+
 def median_diff_ci(a: list[float], b: list[float], reps: int = 2000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of median(a) - median(b) (two independent samples, `reps` resamples,
-    fixed `seed` so a re-render gives the same figures)."""
+    """95 % percentile-bootstrap interval of median(a) - median(b) (two samples taken as independent, `reps`
+    resamples, fixed `seed` so a re-render gives the same figures). Requests that share a batch are not quite
+    independent (at 4 sessions a client stall hits neighbours too), so the interval is somewhat narrow there."""
     rnd = random.Random(seed)  # noqa: S311 (resampling for statistics, not security)
-    diffs = sorted(statistics.median(rnd.choices(a, k=len(a))) - statistics.median(rnd.choices(b, k=len(b)))
-                   for _ in range(reps))
-    return diffs[int(0.025 * reps)], diffs[min(reps - 1, int(0.975 * reps))]
+    return _interval([statistics.median(rnd.choices(a, k=len(a))) - statistics.median(rnd.choices(b, k=len(b)))
+                      for _ in range(reps)])
 
 
-def run_aggregate_tok_s(wire: dict[tuple[str, int], WireRequest], run_id: str,
-                        skip: tuple[int, ...] = (999999,)) -> float | None:
-    """Aggregate output rate of run `run_id` on the wire, tok/s: completion tokens of all its requests / (last
-    token of the last request - first request sent); None when a request lacks its usage event or last token."""
-    reqs = [r for (rid, i), r in wire.items() if rid == run_id and i not in skip]
-    if not reqs or any(r.completion_tokens is None or r.last_token_s is None for r in reqs):
+def reported_diff_ci(a: list[tuple[float, float]], b: list[tuple[float, float]], reps: int = 2000,
+                     seed: int = 0) -> tuple[float, float]:
+    """95 % bootstrap interval of (median client / median wire - 1) of `a` minus the same of `b`, each a list of
+    (client TTFT, wire TTFT) pairs resampled as pairs (same caveat and seed as `median_diff_ci`)."""
+    rnd = random.Random(seed)  # noqa: S311 (resampling for statistics, not security)
+
+    def off(pairs: list[tuple[float, float]]) -> float:
+        got = rnd.choices(pairs, k=len(pairs))
+        return statistics.median(c for c, _ in got) / statistics.median(w for _, w in got) - 1
+
+    return _interval([off(a) - off(b) for _ in range(reps)])
+
+
+def run_aggregate_tok_s(wire: dict[tuple[str, int], WireRequest], run_id: str, indexes: list[int]) -> float | None:
+    """Aggregate output rate of requests `indexes` of run `run_id` on the wire, tok/s: their completion tokens /
+    (last token of the last request - first request sent); None when a request is missing or lacks its usage event
+    or last token."""
+    reqs = [wire.get((run_id, i)) for i in indexes]
+    if not reqs or any(r is None or r.completion_tokens is None or r.last_token_s is None for r in reqs):
         return None
     window = max(r.last_token_s for r in reqs) - min(r.sent_s for r in reqs)
     return sum(r.completion_tokens for r in reqs) / window if window > 0 else None
 
 
-def paired_decode_ratio(client_decode_tok_s: list[float | None], wire: dict[tuple[str, int], WireRequest],
-                        run_id: str, skip: tuple[int, ...] = (999999,)) -> list[float] | None:
-    """Client decode rate / wire decode rate per request of run `run_id`, paired as in `paired_overhead`;
-    requests without a rate on either side are left out; None when the counts differ."""
-    reqs = sorted((i, r) for (rid, i), r in wire.items() if rid == run_id and i not in skip)
-    if len(reqs) != len(client_decode_tok_s):
-        return None
-    return [c / r.decode_tok_s for c, (_i, r) in zip(client_decode_tok_s, reqs, strict=True)
-            if c is not None and r.decode_tok_s]
+def paired_decode_ratio(client_decode_tok_s: dict[int, float | None], wire: dict[tuple[str, int], WireRequest],
+                        run_id: str) -> list[float] | None:
+    """Client decode rate / wire decode rate per request of run `run_id` (client rates keyed by salt index, see
+    `pair`); requests without a rate on either side are left out; None when the capture lacks a request."""
+    pairs = pair(client_decode_tok_s, wire, run_id)
+    return None if pairs is None else [c / w.decode_tok_s for c, w in pairs if w.decode_tok_s]
 
 
-def paired_overhead(client_ttfts_ms: list[float | None], wire: dict[tuple[str, int], WireRequest], run_id: str,
-                    skip: tuple[int, ...] = (999999,)) -> list[float] | None:
-    """Client TTFT - wire TTFT (ms) per request of run `run_id`, pairing the client's TTFTs, given in the order of
-    the requests' salt indexes, with the wire's requests sorted by salt index (`skip` left out as in `run_ttft_ms`).
-    Requests without a TTFT on either side are left out. None when the counts differ (the capture lost requests,
-    or the client's list is not one per request): then no pairing is trusted."""
-    reqs = sorted((i, r) for (rid, i), r in wire.items() if rid == run_id and i not in skip)
-    if len(reqs) != len(client_ttfts_ms):
-        return None
-    return [c - r.ttft_ms for c, (_i, r) in zip(client_ttfts_ms, reqs, strict=True)
-            if c is not None and r.ttft_ms is not None]
+def paired_overhead(client_ttfts_ms: dict[int, float | None], wire: dict[tuple[str, int], WireRequest],
+                    run_id: str) -> list[float] | None:
+    """Client TTFT - wire TTFT (ms) per request of run `run_id` (client TTFTs keyed by salt index, see `pair`);
+    requests without a TTFT on either side are left out; None when the capture lacks a request."""
+    pairs = pair(client_ttfts_ms, wire, run_id)
+    return None if pairs is None else [c - w.ttft_ms for c, w in pairs if w.ttft_ms is not None]

@@ -130,3 +130,36 @@ def test_server_rejecting_max_tokens_stops_the_run_with_its_message(bench, tmp_p
     assert "error: the server rejected a benchmark request (max_tokens=4096" in p.stderr
     assert "cannot be greater than max_model_len" in p.stderr and "\nfix: lower the profile's max_tokens" in p.stderr
     assert not bench.out.exists()
+
+
+def test_thinking_switch_reaches_the_chat_template(bench, tmp_path, base_url, api_key):
+    """Thinking on/off cells: the switch goes to the template of the real server, both when the harness sizes the
+    prompt (/tokenize) and in the benchmark requests. The cpu model's template is Qwen3's (thinking off pre-fills
+    an empty <think></think> block, ds4deploy/tinymodel.py), so the off cell's prompt is sized with that block
+    and each of its requests must count the block too: without the switch in the request it would be 4+ tokens
+    short of the fitted length."""
+    import httpx
+
+    from ds4deploy.bench.prompts import TokenCounter
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    with httpx.Client(headers=headers) as client:
+        model = client.get(f"{base_url}/v1/models", timeout=30).json()["data"][0]["id"]
+        counter = TokenCounter(client, base_url, model)
+        plain = counter.count("hello", None)
+        assert counter.count("hello", {"enable_thinking": True, "thinking": True}) == plain
+        block = counter.count("hello", {"enable_thinking": False, "thinking": False}) - plain
+    assert block >= 4, block  # <think>, \n\n, </think>, \n\n
+    profile = tmp_path / "think.yaml"
+    profile.write_text(yaml.safe_dump({
+        "name": "think", "description": "thinking on and off", "source": "test", "max_tokens": 8,
+        "ignore_eos": True, "requests_per_session": 2, "warmup_requests": 0,
+        "cells": [{"prompt_tokens": 256, "content": "chat", "thinking": t} for t in (True, False)]}))
+    p = bench("--profile", str(profile), "--no-plots")
+    assert p.returncode in (0, 1), p.stderr
+    by_id = {c["cell_id"]: c for c in cells(bench.out, "think")}
+    assert set(by_id) == {"p256-c1-chat-think", "p256-c1-chat-nothink"}
+    for c in by_id.values():
+        assert not c["flags"] or timing_only(c), c["flags"]  # a busy host may deliver tokens in bursts
+        # Fitted with a representative salt: the request's own salt digits may tokenize one token apart.
+        assert all(abs(q["prompt_tokens"] - c["prompt_tokens_fitted"]) <= 1 for q in c["requests"]), c["requests"]

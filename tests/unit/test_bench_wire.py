@@ -79,19 +79,21 @@ def test_any_capture_keeps_the_clients_own_connection():
         assert dpkt.pcap.Reader(f).datalink() == 276  # DLT_LINUX_SLL2
     w = wire.parse(FIX / "bench-run-c2-any.pcap", 8000)
     run = CELL["run_id"]
-    med, n = wire.run_ttft_ms(w, run)
-    assert n == 4  # the probe request (#999999) is not part of the cell
-    assert (run, 999999) in w
+    # This cell had no warm-up and is the run's only one: its requests carry salts #0-#3 (later cells record
+    # each request's salt_index; this capture predates that field).
+    med = wire.run_ttft_ms(w, run, [0, 1, 2, 3])
+    assert (run, 999999) in w  # the harness's probe request, not part of the cell
     # Each request went out three times (client -> proxy on lo, proxy -> container seen on the veth and the
     # bridge); the kept one is the client's.
     assert {w[(run, i)].client.split()[0] for i in range(4)} == {"127.0.0.1"}
-    ttfts = [q["ttft_s"] * 1000 for q in sorted(CELL["requests"], key=lambda q: q["index"])]
+    ttfts = {q["index"]: q["ttft_s"] * 1000 for q in CELL["requests"]}
     ov = wire.paired_overhead(ttfts, w, run)
     assert ov is not None and len(ov) == 4
     assert all(0 < d < 2.5 for d in ov)  # ours stops at the first text: always after the wire
-    assert med == pytest.approx(statistics.median(t - d for t, d in zip(ttfts, ov, strict=True)))
-    # A capture that lost a request is not paired at all.
-    assert wire.paired_overhead(ttfts[:3], w, run) is None
+    assert med == pytest.approx(statistics.median(t - d for t, d in zip(ttfts.values(), ov, strict=True)))
+    # Paired by salt, not by position: a request the capture does not hold leaves the whole run unpaired.
+    assert wire.paired_overhead({**ttfts, 7: 12.0}, w, run) is None
+    assert wire.paired_overhead({i: ttfts[i] for i in (3, 1)}, w, run) == [ov[1], ov[3]]
 
 
 def test_any_capture_output_rates_match_the_cells():
@@ -103,50 +105,61 @@ def test_any_capture_output_rates_match_the_cells():
     reqs = sorted(CELL["requests"], key=lambda q: q["index"])
     mine = [w[(run, i)] for i in range(4)]
     assert [x.completion_tokens for x in mine] == [q["completion_tokens"] for q in reqs] == [8] * 4
-    ratios = wire.paired_decode_ratio([q["decode_tok_s"] for q in reqs], w, run)
+    ratios = wire.paired_decode_ratio({q["index"]: q["decode_tok_s"] for q in reqs}, w, run)
     assert ratios is not None and len(ratios) == 4
     assert all(abs(r - 1) < 0.02 for r in ratios)
-    agg = wire.run_aggregate_tok_s(w, run)
+    agg = wire.run_aggregate_tok_s(w, run, [0, 1, 2, 3])
     assert agg == pytest.approx(32 / (max(x.last_token_s for x in mine) - min(x.sent_s for x in mine)))
     # The cell's own aggregate spans the same traffic on the client's clock: close, never faster than the wire
     # by more than the client's read lag allows.
     assert 0.8 < CELL["output_throughput"] / agg < 1.02
-    assert wire.paired_decode_ratio([1.0], w, run) is None
+    assert wire.paired_decode_ratio({4: 1.0}, w, run) is None
+    assert wire.run_aggregate_tok_s(w, run, [0, 1, 2, 3, 4]) is None  # a request the capture does not hold
 
 
-def _pcap(path: Path, segments: list[tuple[float, int, int, bytes]]) -> None:
-    """A capture of TCP segments (time, source port, destination port, payload) on 127.0.0.1, Ethernet framing."""
+def _pcap(path: Path, segments: list[tuple[float, int, int, bytes] | tuple[float, int, int, bytes, int]]) -> None:
+    """A capture of TCP segments (time, source port, destination port, payload[, sequence number]) on 127.0.0.1,
+    Ethernet framing; without a sequence number a segment follows the previous one of its direction."""
+    nxt: dict[tuple[int, int], int] = {}
     with path.open("wb") as f:
         out = dpkt.pcap.Writer(f)
-        for ts, sport, dport, data in segments:
-            tcp = dpkt.tcp.TCP(sport=sport, dport=dport, flags=dpkt.tcp.TH_ACK | dpkt.tcp.TH_PUSH, data=data)
+        for ts, sport, dport, data, *seq in segments:
+            start = seq[0] if seq else nxt.get((sport, dport), 4_294_967_000)  # wraps past 2**32 on the way
+            nxt[(sport, dport)] = (start + len(data)) % 2**32
+            tcp = dpkt.tcp.TCP(sport=sport, dport=dport, seq=start, flags=dpkt.tcp.TH_ACK | dpkt.tcp.TH_PUSH,
+                               data=data)
             ip = dpkt.ip.IP(src=b"\x7f\x00\x00\x01", dst=b"\x7f\x00\x00\x01", p=dpkt.ip.IP_PROTO_TCP, data=tcp)
             ip.len = len(bytes(ip))
             out.writepkt(dpkt.ethernet.Ethernet(type=dpkt.ethernet.ETH_TYPE_IP, data=ip), ts=ts)
 
 
 def test_event_split_across_segments_and_body_after_headers(tmp_path):
-    """Headers and body in separate client segments (the body's is the send time), a retransmitted body, and the
-    first token's event cut in two by the server's segments: the token counts when its second half arrives."""
+    """Headers and body in separate client segments (the body's is the send time), a retransmitted body (not a
+    new send), the first token's event cut in two by the server's segments (the token counts when its second half
+    arrives), a retransmitted token segment after the last token (not a later token), sequence numbers wrapping
+    past 2**32."""
     body = b'{"messages": [{"role": "user", "content": "[bench 00c0ffee #000007] hi"}]}'
     role = b'data: {"choices":[{"delta":{"role":"assistant","content":""}}]}\n\n'
     token = b'data: {"choices":[{"delta":{"content":"Hel'
-    segs = [(1.000, 50000, 8000, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"),
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"
+    segs = [(1.000, 50000, 8000, head),
             (1.001, 50000, 8000, body),
-            (1.002, 50000, 8000, body),  # retransmission: the same request, not a new one
+            (1.002, 50000, 8000, body, (4_294_967_000 + len(head)) % 2**32),  # retransmission of the body
             (1.010, 8000, 50000, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\r\n"),
             (1.020, 8000, 50000, role + b'data: {"choices":[{"delta":{"con'),
             (1.030, 8000, 50000, b'tent":"Hello"}}]}\n\n'),
             (1.040, 8000, 50000, token + b'lo"}}]}\n\n'),
             (1.050, 8000, 50000, b'data: {"choices":[],"usage":{"prompt_tokens":9,"completion'),
             (1.060, 8000, 50000, b'_tokens":3,"total_tokens":12}}\n\ndata: [DONE]\n\n')]
+    down = 4_294_967_000 + len(segs[3][3]) + len(segs[4][3]) + len(segs[5][3])
+    segs.append((1.070, 8000, 50000, token + b'lo"}}]}\n\n', down % 2**32))  # the 1.040 segment again
     _pcap(tmp_path / "c.pcap", segs)
     (x,) = wire.parse(tmp_path / "c.pcap", 8000).values()
     assert (x.run_id, x.index) == ("00c0ffee", 7)
-    assert x.sent_s == pytest.approx(1.002)
+    assert x.sent_s == pytest.approx(1.001)
     assert x.role_s == pytest.approx(1.020)
     assert x.first_token_s == pytest.approx(1.030)
-    assert x.ttft_ms == pytest.approx(28.0)
+    assert x.ttft_ms == pytest.approx(29.0)
     # The last token is the 1.040 segment: the usage segments after it carry none (their overlap with the token
     # before does not count again), and the usage event split in two still gives the count.
     assert x.last_token_s == pytest.approx(1.040)
@@ -154,11 +167,20 @@ def test_event_split_across_segments_and_body_after_headers(tmp_path):
     assert x.decode_tok_s == pytest.approx(2 / 0.010)
 
 
-def test_unsupported_link_type(tmp_path):
+def test_unreadable_captures_are_one_clear_error(tmp_path):
+    from ds4deploy.errors import UserError
+
     with (tmp_path / "x.pcap").open("wb") as f:
         dpkt.pcap.Writer(f, linktype=dpkt.pcap.DLT_IEEE802_11)
-    with pytest.raises(ValueError, match="link type"):
+    with pytest.raises(UserError, match="link type") as e:
         wire.parse(tmp_path / "x.pcap", 8000)
+    assert "--no-wire" in e.value.fix
+    (tmp_path / "empty.pcap").write_bytes(b"")  # tcpdump stopped before writing its header
+    with pytest.raises(UserError, match="cannot read the packet capture"):
+        wire.parse(tmp_path / "empty.pcap", 8000)
+    head = (FIX / "probe-c2-lo.pcap").read_bytes()[:5000]  # cut in the middle of a packet
+    (tmp_path / "cut.pcap").write_bytes(head)
+    wire.parse(tmp_path / "cut.pcap", 8000)  # what is there is read; a cut last record is no error
 
 
 def test_median_diff_ci():
