@@ -84,10 +84,16 @@ def _capture(a: argparse.Namespace, work: Path, name: str):
     context when the wire reference is off (`--no-wire`, or tcpdump missing: `a.wire` False)."""
     if not a.wire:
         return nullcontext(None)
-    u = urlsplit(a.url)
+    port, interface = capture_target(a.url)
+    return wire.capture(work / f"{name}.pcap", port, interface)
+
+
+def capture_target(url: str) -> tuple[int, str]:
+    """(server port, interface) to capture for a server base URL: the loopback interface for a server on this
+    host, else every interface ("any": the route to the server decides which one carries it)."""
+    u = urlsplit(url)
     loopback = u.hostname in ("127.0.0.1", "localhost", "::1")
-    return wire.capture(work / f"{name}.pcap", u.port or (443 if u.scheme == "https" else 80),
-                        "lo" if loopback else "any")
+    return u.port or (443 if u.scheme == "https" else 80), "lo" if loopback else "any"
 
 
 def _wire_requests(cap: wire.Capture | None) -> dict | None:

@@ -83,3 +83,40 @@ def test_compare_lines_against_the_wire():
             assert f"| {row[m]['vs_wire']['diff_pct']:+.2f} % |" in ln
     no_wire = {"comparison": [{"concurrency": 1, "ttft_ms": {}, "per_session": {}, "aggregate": {}}]}
     assert trust._wire_compare_lines(no_wire) == []
+
+
+def test_capture_target():
+    assert trust.capture_target("http://127.0.0.1:8000") == (8000, "lo")
+    assert trust.capture_target("http://[::1]:8100") == (8100, "lo")
+    assert trust.capture_target("http://10.0.0.5:9000") == (9000, "any")
+    assert trust.capture_target("http://gx10-a") == (80, "any")
+
+
+def _cell_run(tmp_path, dropped: int | None) -> wire.Capture:
+    """The real `ds4deploy bench run` capture (fixtures/wire) as a finished capture (the copy is consumed)."""
+    path = tmp_path / "run.pcap"
+    path.write_bytes((FIX / "bench-run-c2-any.pcap").read_bytes())
+    return wire.Capture(path, 8000, dropped)
+
+
+def test_against_wire_adds_a_runs_figures(tmp_path):
+    cell = json.loads((FIX / "bench-run-c2-any.cell.json").read_text())
+    ttfts = {q["index"]: q["ttft_s"] * 1000 for q in cell["requests"]}  # salts #0-#3 in this one-cell run
+    decodes = {q["index"]: q["decode_tok_s"] for q in cell["requests"]}
+    r = {"ttft_ms": cell["median_ttft_ms"], "aggregate": cell["output_throughput"]}
+    cap = _cell_run(tmp_path, 0)
+    trust._against_wire(r, cap, cell["run_id"], ttfts, decodes)
+    assert not cap.path.exists()  # parsed, then removed
+    w = wire.parse(FIX / "bench-run-c2-any.pcap", 8000)
+    assert r["wire_ttft_ms"] == pytest.approx(wire.run_ttft_ms(w, cell["run_id"], [0, 1, 2, 3]))
+    assert r["ttft_vs_wire"] == pytest.approx(cell["median_ttft_ms"] / r["wire_ttft_ms"] - 1)
+    assert r["overhead_ms"] == pytest.approx(statistics.median(wire.paired_overhead(ttfts, w, cell["run_id"])))
+    assert abs(r["decode_vs_wire"]) < 0.02 and -0.2 < r["aggregate_vs_wire"] < 0.02
+    # A capture that dropped packets, or lacks a request of the run: the run gets no wire figures at all.
+    for dropped, got in ((2, ttfts), (0, {**ttfts, 9: 10.0})):
+        r2 = {"ttft_ms": cell["median_ttft_ms"], "aggregate": cell["output_throughput"]}
+        trust._against_wire(r2, _cell_run(tmp_path, dropped), cell["run_id"], got, decodes)
+        assert r2.get("wire_ttft_ms") is None and r2.get("overhead_ms") is None and r2["wire_dropped"] == dropped
+    r3: dict = {}
+    trust._against_wire(r3, None, cell["run_id"], ttfts, decodes)  # --no-wire
+    assert r3 == {}

@@ -252,3 +252,24 @@ def test_live_capture_of_a_local_stream(tmp_path):
     x = cap.requests()[("0ddba11", 3)]
     assert x.ttft_ms >= 30.0
     assert x.ttft_ms <= result.ttft_s * 1000
+
+
+def test_capture_without_tcpdump_is_one_clear_error(tmp_path, monkeypatch):
+    from ds4deploy.errors import UserError
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # nothing to run here
+    assert "tcpdump is not installed" in wire.available()
+    with pytest.raises(UserError, match="tcpdump is not installed") as e, wire.capture(tmp_path / "x.pcap", 1):
+        pass
+    assert "--no-wire" in e.value.fix
+
+
+@pytest.mark.skipif(shutil.which("tcpdump") is None or os.geteuid() != 0,
+                    reason="needs tcpdump and root (make unit installs tcpdump; CI runs as root)")
+def test_capture_that_cannot_start_says_why(tmp_path):
+    from ds4deploy.errors import UserError
+
+    with pytest.raises(UserError, match=r"tcpdump did not start: .*no-such-if0") as e, \
+            wire.capture(tmp_path / "x.pcap", 1, "no-such-if0"):
+        pass
+    assert "--no-wire" in e.value.fix
