@@ -39,6 +39,7 @@ import time
 import aiohttp
 from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
 
+from ds4deploy.bench.prompts import salt
 from ds4deploy.bench.stream import open_session, stream_request
 
 CLIENTS = ("vllm", "vllm_noenv", "ours")
@@ -117,7 +118,7 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
             for i in range(-1, n):
                 for j, kind in enumerate(CLIENTS[i % 3:] + CLIENTS[:i % 3]):
                     count = (i + 1) * 3 + j + 1
-                    start, ttft, decode = await _one(kind, sessions[kind], api, f"[bench {run} #{count:06d}] {text}",
+                    start, ttft, decode = await _one(kind, sessions[kind], api, f"{salt(run, count)} {text}",
                                                      model, output_tokens)
                     # One stamp per request (aiohttp 3.14 sends a JSON body in one write; the hook fires at its
                     # start): anything else would pair this request with another one's stamp.
@@ -136,7 +137,7 @@ async def measure(url: str, key: str, n: int, text: str, model: str, output_toke
                 for i in range(-1, rounds):
                     kind = CLIENTS[(i + k) % 3]
                     index = k * 10000 + i + 1
-                    _start, ttft, decode = await _one(kind, sessions[kind], api, f"[bench {run} #{index:06d}] {text}",
+                    _start, ttft, decode = await _one(kind, sessions[kind], api, f"{salt(run, index)} {text}",
                                                       model, output_tokens)
                     if i >= 0:
                         got[kind]["ttft_ms"].append(ttft * 1000)
