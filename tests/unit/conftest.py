@@ -1,10 +1,13 @@
-"""Shared helpers for unit tests: a scratch recipe directory built from the committed cpu recipe."""
+"""Shared helpers for unit tests: a scratch recipe directory built from the committed cpu recipe, the real CLI in a
+subprocess, and a real local HTTP server for the streaming client."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -50,3 +53,22 @@ def run_cli(*args: str, env_dir: Path | None = None) -> subprocess.CompletedProc
         env["DS4_COMPOSE_DIR"] = str(env_dir.parent / "compose")
     return subprocess.run([sys.executable, "-m", "ds4deploy.cli", *args], capture_output=True, text=True,
                           env=env, check=False, timeout=300)
+
+
+@asynccontextmanager
+async def chat_server(handler) -> AsyncIterator[tuple[str, int]]:
+    """A real aiohttp server on 127.0.0.1 (a free port) answering POST /v1/chat/completions with `handler`, while
+    the block runs; yields (the endpoint's URL, the port)."""
+    from aiohttp import web
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", handler)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]
+    try:
+        yield f"http://127.0.0.1:{port}/v1/chat/completions", port
+    finally:
+        await runner.cleanup()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from ds4deploy.bench.stream import RequestResult, StreamParser, error_text
+from tests.unit.conftest import chat_server
 
 FIX = Path(__file__).parent / "fixtures" / "bench"
 
@@ -30,26 +31,14 @@ def stream_from(handler) -> RequestResult:
     import asyncio
 
     import aiohttp
-    from aiohttp import web
 
     from ds4deploy.bench.stream import feed_stream
 
     async def main() -> RequestResult:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]
-        try:
+        async with chat_server(handler) as (url, _port), aiohttp.ClientSession() as session:
             result = RequestResult(index=0)
             parser = StreamParser(result, 12)
-            async with aiohttp.ClientSession() as session:
-                return parser.finish(await feed_stream(session, f"http://127.0.0.1:{port}/v1/chat/completions",
-                                                       {"stream": True}, result, parser))
-        finally:
-            await runner.cleanup()
+            return parser.finish(await feed_stream(session, url, {"stream": True}, result, parser))
 
     return asyncio.run(main())
 

@@ -13,6 +13,7 @@ import dpkt
 import pytest
 
 from ds4deploy.bench import wire
+from tests.unit.conftest import chat_server
 
 FIX = Path(__file__).parent / "fixtures" / "wire"
 PROBE = json.loads((FIX / "probe-c2-lo.json").read_text())
@@ -218,32 +219,13 @@ def test_live_capture_of_a_local_stream(tmp_path):
         await resp.write_eof()
         return resp
 
-    async def main(port_box: list[int], started: asyncio.Event, go: asyncio.Event) -> object:
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port_box.append(site._server.sockets[0].getsockname()[1])
-        try:
-            started.set()
-            await go.wait()
-            async with aiohttp.ClientSession() as session:
-                payload = {"messages": [{"role": "user", "content": "[bench 0ddba11 #000003] hi"}], "stream": True}
-                return await stream_request(session, f"http://127.0.0.1:{port_box[0]}/v1/chat/completions",
-                                            payload, 3)
-        finally:
-            await runner.cleanup()
-
     async def run() -> tuple[object, wire.Capture]:
-        port_box: list[int] = []
-        started, go = asyncio.Event(), asyncio.Event()
-        task = asyncio.create_task(main(port_box, started, go))
-        await started.wait()
-        with wire.capture(tmp_path / "live.pcap", port_box[0], "lo") as cap:
-            go.set()
-            result = await task
+        async with chat_server(handler) as (url, port):
+            with wire.capture(tmp_path / "live.pcap", port, "lo") as cap:
+                async with aiohttp.ClientSession() as session:
+                    payload = {"messages": [{"role": "user", "content": "[bench 0ddba11 #000003] hi"}],
+                               "stream": True}
+                    result = await stream_request(session, url, payload, 3)
         return result, cap
 
     result, cap = asyncio.run(run())
