@@ -39,6 +39,15 @@ def _median(values: list[float]) -> float | None:
     return float(np.median(values)) if values else None
 
 
+def vllm_decode_tok_s(output_tokens: int | None, latency_s: float | None, ttft_s: float | None) -> float | None:
+    """One request's decode rate as `vllm bench serve` derives it, tok/s: 1 / TPOT, TPOT = (latency - TTFT) /
+    (output tokens - 1) (vllm/benchmarks/serve.py, calculate_metrics; latency and TTFT in seconds from its own
+    clock). None for fewer than 2 tokens or no time between first and last token (a failed request: 0, 0)."""
+    if not output_tokens or output_tokens < 2 or latency_s is None or ttft_s is None or latency_s <= ttft_s:
+        return None
+    return (output_tokens - 1) / (latency_s - ttft_s)
+
+
 def summarize(results: list[RequestResult], duration_s: float) -> dict:
     """Statistics of one cell.
 

@@ -53,6 +53,7 @@ import yaml
 
 from ds4deploy.bench import metrics as prom
 from ds4deploy.bench import wire
+from ds4deploy.bench.aggregate import vllm_decode_tok_s
 from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.run import STREAM_DISAGREE_LIMIT, check_server, read_key
 from ds4deploy.docs_section import write_section
@@ -254,10 +255,8 @@ def compare_tools(a: argparse.Namespace, work: Path, key: str | None, counter: T
                     run_id = v["ds4_run_id"]
                     # request i of vLLM's lists carries salt i (`theirs`: the dataset's order, --disable-shuffle)
                     ttfts = {i: t * 1000 if t else None for i, t in enumerate(v["ttfts"])}
-                    # per request as vLLM derives it: 1 / TPOT, TPOT = (latency - TTFT) / (output tokens - 1)
-                    decodes = {i: (n - 1) / (lat - t) if n and n > 1 and lat and t is not None and lat > t else None
-                               for i, (n, lat, t) in enumerate(zip(v["output_lens"], v["latencies"], v["ttfts"],
-                                                                   strict=True))}
+                    decodes = {i: vllm_decode_tok_s(n, lat, t) for i, (n, lat, t) in
+                               enumerate(zip(v["output_lens"], v["latencies"], v["ttfts"], strict=True))}
                     tpot = v["median_tpot_ms"]  # 0 when the tokens of most requests arrived at once
                     r = {"ttft_ms": v["median_ttft_ms"], "ttft_mean_ms": v["mean_ttft_ms"],
                          "per_session": 1000 / tpot if tpot > 0 else float("inf"),

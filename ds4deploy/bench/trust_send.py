@@ -39,6 +39,7 @@ import time
 import aiohttp
 from vllm.benchmarks.lib.endpoint_request_func import RequestFuncInput, async_request_openai_chat_completions
 
+from ds4deploy.bench.aggregate import vllm_decode_tok_s
 from ds4deploy.bench.prompts import salt
 from ds4deploy.bench.stream import open_session, stream_request
 
@@ -62,14 +63,6 @@ def _session(kind: str, key: str, sent: list[float], concurrency: int) -> aiohtt
                                  timeout=aiohttp.ClientTimeout(total=6 * 60 * 60), trace_configs=[trace])
 
 
-def _vllm_decode(out) -> float | None:
-    """Per-request decode rate as `vllm bench serve` derives it: 1 / TPOT, TPOT = (latency - TTFT) / (output
-    tokens - 1) (vllm/benchmarks/serve.py, calculate_metrics), tok/s."""
-    if out.output_tokens and out.output_tokens > 1 and out.latency > out.ttft:
-        return (out.output_tokens - 1) / (out.latency - out.ttft)
-    return None
-
-
 async def _one(kind: str, session: aiohttp.ClientSession, api: str, prompt: str, model: str,
                output_tokens: int) -> tuple[float, float, float | None]:
     """One request by client `kind`: (its clock start, perf_counter s; TTFT s; decode tok/s or None)."""
@@ -82,7 +75,8 @@ async def _one(kind: str, session: aiohttp.ClientSession, api: str, prompt: str,
         inp = RequestFuncInput(prompt=prompt, api_url=api, prompt_len=0, output_len=output_tokens, model=model,
                                ignore_eos=True, extra_body={"temperature": 0.0})
         out = await async_request_openai_chat_completions(inp, session)
-        ok, start, ttft, decode = out.success, out.start_time, out.ttft, _vllm_decode(out)
+        ok, start, ttft = out.success, out.start_time, out.ttft
+        decode = vllm_decode_tok_s(out.output_tokens, out.latency, out.ttft)
     if not ok:
         raise SystemExit(f"a {kind} request failed")
     return start, ttft, decode

@@ -49,3 +49,15 @@ def test_all_failed_gives_no_rates():
     s = summarize([RequestResult(index=0, ok=False, error="ConnectError")], duration_s=0.1)
     assert s["completed"] == 0 and s["decode_tok_s"] is None and s["ttft_s"] is None
     assert s["median_ttft_ms"] is None and s["aggregate_tok_s"] == 0
+
+
+def test_vllm_decode_rate_is_one_over_its_tpot():
+    from ds4deploy.bench.aggregate import vllm_decode_tok_s
+
+    # vllm/benchmarks/serve.py: TPOT = (latency - TTFT) / (output tokens - 1); 9 tokens, 0.2 s to the first,
+    # 1.0 s to the last: TPOT 0.1 s, 10 tok/s.
+    assert vllm_decode_tok_s(9, 1.0, 0.2) == pytest.approx(10.0)
+    assert vllm_decode_tok_s(1, 1.0, 0.2) is None  # one token: no decode step
+    assert vllm_decode_tok_s(0, 0.0, 0.0) is None  # a failed request, as vLLM records it
+    assert vllm_decode_tok_s(9, 0.2, 0.2) is None  # every token in one read
+    assert vllm_decode_tok_s(9, None, 0.2) is None
