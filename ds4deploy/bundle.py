@@ -3,7 +3,8 @@
 `make bundle RECIPE=<name>` (`ds4deploy bundle create`) writes, on a machine with network access::
 
     <bundle>/bundle.json          what is inside: recipe, source commit, image ids, collections, sha256 of every file
-    <bundle>/images/<name>.tar    `docker save` of each engine image (loaded by id, so a retag cannot substitute one)
+    <bundle>/images/<name>.tar    `docker save` of each image: the engine's, and the front door's for a recipe with one
+                                  (loaded by id, so a retag cannot substitute one)
     <bundle>/model/               the model files, verified against the recipe's manifest, plus manifest.json
     <bundle>/wheelhouse/          wheels for the control host's venv: ds4deploy's dependencies, Ansible (with the
                                   community.docker collection it ships), the compose v2 plugin, pip/setuptools/wheel
@@ -30,11 +31,13 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from ds4deploy import front_door
 from ds4deploy import recipe as recipe_mod
 from ds4deploy import render as render_mod
 from ds4deploy.errors import UserError
-from ds4deploy.manifest import load_manifest, manifest_path, sha256_file, sha256_map, verify_dir
+from ds4deploy.manifest import load_manifest, manifest_path, sha256_file, verify_dir
 from ds4deploy.recipe import REPO_ROOT, Recipe
+from ds4deploy.staging import obtain
 
 FORMAT = 1
 # Bytes of headroom asked for on top of the images and the model: the wheelhouse (~150 MB measured for the cpu
@@ -76,26 +79,10 @@ def recipe_files(recipe: Recipe) -> dict[str, Path]:
 
 def _image_info(ref: str) -> dict:
     proc = _run(["docker", "image", "inspect", "--format", "{{json .}}", ref],
-                f"engine image {ref} is not on this host",
+                f"image {ref} is not on this host",
                 "build it first (`make deploy RECIPE=<recipe>` builds it), then run `make bundle` again", 120)
     info = json.loads(proc.stdout)
     return {"ref": ref, "id": info["Id"], "size": int(info["Size"])}
-
-
-def _stage_model(recipe: Recipe, dest: Path) -> None:
-    """Generate or fetch the recipe's model into `dest` (what `ds4deploy model stage` does)."""
-    if recipe.model.source == "local":
-        raise UserError(f"recipe '{recipe.name}' uses model.source 'local': there is no pinned model to bundle",
-                        "pin the model (model.source: hub, repo_id, revision) or copy it to the nodes yourself")
-    if recipe.model.source == "generated":
-        from ds4deploy.cli import _generator_spec
-        from ds4deploy.tinymodel import generate
-
-        generate(dest, _generator_spec(recipe))
-    else:
-        from ds4deploy.hub import fetch
-
-        fetch(recipe, dest)
 
 
 def _wheelhouse(dest: Path, python: str) -> list[str]:
@@ -161,7 +148,10 @@ def create(recipe: Recipe, dest: Path, python: str = sys.executable, workers: in
     if dest.exists():
         raise UserError(f"{dest} already exists", "choose another BUNDLE= path or remove the old bundle first")
     image = _image_info(recipe.image_ref)
-    need = image["size"] + int(recipe.model.size_on_disk_gb * 1e9) + WHEELHOUSE_HEADROOM_B
+    # The front door's image is built on the deploying host like the engine's, so it travels in the bundle too.
+    extra = [_image_info(front_door.IMAGE)] if recipe.serving.front_door is not None else []
+    need = image["size"] + sum(i["size"] for i in extra) + int(recipe.model.size_on_disk_gb * 1e9) \
+        + WHEELHOUSE_HEADROOM_B
     dest.parent.mkdir(parents=True, exist_ok=True)
     free = shutil.disk_usage(dest.parent).free
     if free < need:
@@ -175,9 +165,14 @@ def create(recipe: Recipe, dest: Path, python: str = sys.executable, workers: in
         _run(["docker", "save", "--output", str(tar), image["ref"]], f"docker save {image['ref']} failed",
              "check free disk space and that the Docker daemon runs, then run again", DOCKER_SAVE_TIMEOUT_S)
         image["file"] = str(tar.relative_to(part))
+        for other in extra:
+            tar = part / "images" / (other["ref"].split("/")[-1].split(":")[0] + ".tar")
+            _run(["docker", "save", "--output", str(tar), other["ref"]], f"docker save {other['ref']} failed",
+                 "check free disk space and that the Docker daemon runs, then run again", DOCKER_SAVE_TIMEOUT_S)
+            other["file"] = str(tar.relative_to(part))
 
         model_dir = part / "model"
-        _stage_model(recipe, model_dir)
+        obtain(recipe, model_dir)
         manifest = load_manifest(recipe)
         problems = verify_dir(model_dir, manifest)
         if problems:
@@ -196,7 +191,7 @@ def create(recipe: Recipe, dest: Path, python: str = sys.executable, workers: in
             "source_commit": _git_commit(),
             "python": f"{sys.version_info.major}.{sys.version_info.minor}",
             "platform": f"{platform.system().lower()}-{platform.machine()}",
-            "images": [image],
+            "images": [image, *extra],
             "model": {"dir": "model", "files": len(manifest["files"])},
             "wheels": len(wheels),
             "collections": _collections(python),
@@ -275,33 +270,3 @@ def verify(bundle: Path, recipe: Recipe, workers: int | None = None) -> dict:
         raise UserError(f"bundle {bundle} is damaged:\n  " + "\n  ".join(problems),
                         "copy the bundle again from its source (or make a new one)", code=1)
     return meta
-
-
-def stage_model(bundle: Path, recipe: Recipe, dest: Path) -> dict:
-    """Copy the bundle's model into the control host's staging directory and verify it against the recipe's
-    manifest; the same output contract as `ds4deploy model stage`.
-
-    Returns:
-        ``{"changed": bool, "dest": str, "sha256": {file: hex}}``.
-    Raises:
-        UserError: the bundle has no model, or the staged copy does not match the manifest (code 1).
-    """
-    manifest = load_manifest(recipe)
-    src = bundle / load_meta(bundle)["model"]["dir"]
-    before = verify_dir(dest, manifest) if dest.is_dir() else ["absent"]
-    if before:
-        dest.mkdir(parents=True, exist_ok=True)
-        for name in manifest["files"]:
-            if not (src / name).is_file():
-                raise UserError(f"bundle {bundle} has no model file {name}", "make a new bundle")
-            (dest / name).parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest / (name + ".ds4-partial")
-            shutil.copyfile(src / name, tmp)
-            tmp.replace(dest / name)
-    problems = verify_dir(dest, manifest)
-    if problems:
-        raise UserError(f"the model staged from {bundle} does not match {manifest_path(recipe).name}:\n  "
-                        + "\n  ".join(problems), f"delete {dest} and verify the bundle (`ds4deploy bundle verify`)",
-                        code=1)
-    return {"changed": bool(before), "dest": str(dest), "sha256": sha256_map(dest, manifest)}
-

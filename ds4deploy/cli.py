@@ -14,92 +14,141 @@ import sys
 from pathlib import Path
 
 from ds4deploy.errors import UserError
-
-
-def _recipes(names: list[str]):
-    """The named recipes, validated; every recipe under recipes/ when none are named."""
-    from ds4deploy.recipe import all_recipes, load_recipe
-
-    return [load_recipe(n) for n in names] if names else all_recipes()
+from ds4deploy.inventory import read_inventory
 
 
 def cmd_recipe_validate(ns: argparse.Namespace) -> int:
-    """Validate the named recipes (all when none are named); exit 2 with the problems listed otherwise."""
-    for r in _recipes(ns.recipes):
+    """Validate the named recipes (all and their variants when none are named), rendering each in memory so that
+    derived values are checked too; exit 2 with every problem listed otherwise."""
+    for r, _ in _load_all(ns.recipes):
         print(f"ok: {r.name} ({r.engine.name} {r.engine.version}, {r.model.served_name})")
     return 0
 
 
+def _load_all(names: list[str]):
+    """Every named recipe (all recipes and variants when none are named), each loaded and rendered in memory.
+
+    Returns:
+        [(recipe, render)].
+    Raises:
+        UserError: one or more recipes are refused; the message lists every one, each with its cause and fix.
+    """
+    from ds4deploy import render
+    from ds4deploy.recipe import RECIPES_DIR, VARIANT_SEP, load_recipe
+
+    if names:
+        wanted = list(names)
+    else:
+        wanted = []
+        for p in sorted(RECIPES_DIR.glob("*.yaml")):
+            wanted.append(str(p))
+    out, problems = [], []
+    for n in wanted:
+        try:
+            r = load_recipe(n)
+            out.append((r, render.render(r)))
+            if not names:
+                for v in sorted(r.variants):
+                    rv = load_recipe(f"{r.name}{VARIANT_SEP}{v}")
+                    out.append((rv, render.render(rv)))
+        except UserError as exc:
+            problems.append(f"{exc.cause}\n    fix: {exc.fix}")
+    if problems:
+        raise UserError(f"{len(problems)} recipe(s) cannot be rendered; nothing was written:\n  "
+                        + "\n  ".join(problems), "fix each recipe as listed, then render again")
+    return out
+
+
+def cmd_recipe_index(ns: argparse.Namespace) -> int:
+    """Write recipes/README.md from the recipes, or with --check fail (exit 1) when the committed one is stale."""
+    from ds4deploy.recipe_index import write_or_check
+
+    print(write_or_check(ns.check))
+    return 0
+
+
 def cmd_render(ns: argparse.Namespace) -> int:
-    """Render recipes into compose/<name>/, or with --check report stale, missing and orphaned renders."""
+    """Render recipes into compose/<name>/ all or nothing, or with --check report stale, missing and orphaned
+    renders and run the real `docker compose config` on every committed compose file."""
     from ds4deploy import render
 
+    loaded = _load_all(ns.recipes)
+    if not ns.check:
+        for path in render.write_all([out for _, out in loaded]):
+            print(f"wrote {path.relative_to(render.COMPOSE_DIR.parent)}")
+        return 0
     bad: list[str] = []
-    recipes = _recipes(ns.recipes)
-    if ns.check and not ns.recipes:
-        bad += render.orphans([r.name for r in recipes])
-    for r in recipes:
-        out = render.render(r)
-        if ns.check:
-            bad += render.stale(out)
-        else:
-            for path in render.write(out):
-                print(f"wrote {path.relative_to(render.COMPOSE_DIR.parent)}")
+    if not ns.recipes:
+        bad += render.orphans([r.name for r, _ in loaded])
+    for _, out in loaded:
+        bad += render.stale(out)
     if bad:
         raise UserError(
             "committed renders are stale:\n  " + "\n  ".join(bad),
             "run `ds4deploy render` and commit compose/",
             code=1,
         )
-    if ns.check:
-        print("renders are fresh")
+    for _, out in loaded:
+        for name in sorted(out.files):
+            if name.startswith("compose") and name.endswith(".yaml"):
+                render.compose_config(render.COMPOSE_DIR / out.recipe / name, fmt="quiet")
+    print("renders are fresh, and docker compose accepts every compose file")
     return 0
-
-
-def _generator_spec(recipe):
-    from ds4deploy.tinymodel import TinyModelSpec
-
-    if recipe.model.source != "generated" or recipe.model.generator is None:
-        raise UserError(
-            f"recipe '{recipe.name}' has model.source '{recipe.model.source}', not 'generated'",
-            "use `ds4deploy model fetch` for hub models",
-        )
-    return TinyModelSpec(**recipe.model.generator.model_dump())
 
 
 def cmd_model_generate(ns: argparse.Namespace) -> int:
     """Generate a 'generated' recipe's checkpoint; prints {"changed", "files", "dest"}."""
     from ds4deploy.recipe import load_recipe
-    from ds4deploy.tinymodel import generate
+    from ds4deploy.tinymodel import generate, generator_spec
 
     recipe = load_recipe(ns.recipe)
     dest = Path(ns.dest or recipe.model.path)
-    changed = generate(dest, _generator_spec(recipe))
+    changed = generate(dest, generator_spec(recipe))
     print(json.dumps({"changed": bool(changed), "files": changed, "dest": str(dest)}))
     return 0
 
 
 def cmd_model_manifest(ns: argparse.Namespace) -> int:
-    """Print (or --write next to the recipe) the model manifest: from the generator or the hub's metadata."""
-    from ds4deploy.manifest import manifest_of_files, manifest_path
+    """Print the model manifest built from the model's own source (generator, hub metadata, or --from for a local
+    model); ``--write`` records it as `ds4deploy model lock` does."""
+    from ds4deploy.model_lock import build_manifest
+
+    if ns.write:
+        return cmd_model_lock(ns)
+    recipe = _load(ns.recipe)
+    sys.stdout.write(json.dumps(build_manifest(recipe, _from(ns)), indent=2) + "\n")
+    return 0
+
+
+def cmd_model_lock(ns: argparse.Namespace) -> int:
+    """Build the model manifest from its source and write recipes/<name>.manifest.json (to commit); a committed
+    manifest that agrees is kept, one that disagrees stops (exit 1) naming each difference."""
+    from ds4deploy.model_lock import lock_model
+
+    recipe = _load(ns.recipe)
+    manifest, path, written = lock_model(recipe, _from(ns))
+    rev = f" at commit {manifest['revision']}" if manifest.get("revision") else ""
+    size = sum(f["size"] for f in manifest["files"].values())
+    print(f"{'wrote' if written else 'up to date:'} {path}: {len(manifest['files'])} file(s), {size / 1e9:.2f} GB"
+          f"{rev}" + ("; commit it" if written else ""))
+    return 0
+
+
+def _load(name: str):
     from ds4deploy.recipe import load_recipe
 
-    recipe = load_recipe(ns.recipe)
-    if recipe.model.source == "hub":
-        from ds4deploy.hub import hub_manifest
+    return load_recipe(name)
 
-        manifest = hub_manifest(recipe)
-    else:
-        from ds4deploy.tinymodel import files
 
-        manifest = manifest_of_files(recipe, files(_generator_spec(recipe)))
-    text = json.dumps(manifest, indent=2) + "\n"
-    if ns.write:
-        manifest_path(recipe).write_text(text, encoding="utf-8")
-        print(f"wrote {manifest_path(recipe)}")
-    else:
-        sys.stdout.write(text)
-    return 0
+def _from(ns: argparse.Namespace) -> Path | None:
+    """--from PATH, allowed only for ``source: local`` recipes (it names where the model's files are)."""
+    src = getattr(ns, "from_path", None)
+    if src is None:
+        return None
+    from ds4deploy.staging import check_source
+
+    check_source(_load(ns.recipe), Path(src))
+    return Path(src)
 
 
 def cmd_model_verify(ns: argparse.Namespace) -> int:
@@ -152,7 +201,8 @@ def cmd_model_fetch(ns: argparse.Namespace) -> int:
     recipe = load_recipe(ns.recipe)
     if recipe.model.source != "hub":
         raise UserError(f"recipe '{recipe.name}' has model.source '{recipe.model.source}', not 'hub'",
-                        "use `ds4deploy model generate` for generated models; local models are placed by hand")
+                        "use `ds4deploy model generate` for generated models; `ds4deploy model lock --from` for "
+                        "local ones")
     res = fetch_model(recipe, Path(ns.dest or recipe.model.path), workers=ns.workers)
     print(json.dumps({"dest": str(res.dest), "commit": res.commit, "fetched": res.fetched,
                       "present": len(res.present)}))
@@ -160,45 +210,70 @@ def cmd_model_fetch(ns: argparse.Namespace) -> int:
 
 
 def cmd_model_stage(ns: argparse.Namespace) -> int:
-    """Generate or fetch the model into a staging directory, verify it against the committed manifest, and print
-    the sha256 of every file (what the nodes' copies are checked against)."""
-    from ds4deploy.manifest import load_manifest, manifest_path, sha256_map
-    from ds4deploy.recipe import load_recipe
-    from ds4deploy.verify import verify_model
+    """Stage the model on the control host and print what every node's copy is checked against:
+    ``{"changed", "dest", "copy_from", "sha256": {file: hex}, "manifest_written"}``.
 
-    recipe = load_recipe(ns.recipe)
-    if recipe.model.source == "local":
-        raise UserError(
-            f"recipe '{recipe.name}' uses model.source 'local': the deploy does not copy or verify local models yet",
-            f"place the files in {recipe.model.path} on every node and start the rendered stack with docker compose "
-            f"(compose/{recipe.name}/)",
-        )
-    dest = Path(ns.dest)
-    manifest = load_manifest(recipe)
-    before = verify_model(dest, manifest).problems() if dest.is_dir() else ["absent"]
-    if recipe.model.source == "generated":
-        from ds4deploy.tinymodel import generate
+    generated/hub: generate or fetch into --dest and verify it against the manifest; with no committed manifest,
+    lock it first (`ds4deploy.model_lock`) and say on stderr where it was written. local: with --from, verify those
+    files against the manifest (lock it from them first when none is committed) and name them in ``copy_from``;
+    without --from the files are already on each node (``copy_from`` null) and only the nodes' copies are checked.
+    """
+    from ds4deploy.manifest import load_manifest, manifest_path
+    from ds4deploy.model_lock import lock_model
 
-        generate(dest, _generator_spec(recipe))
-    elif before:
-        from ds4deploy.fetch import fetch_model
+    recipe = _load(ns.recipe)
+    src = _from(ns)
+    written = None
+    if manifest_path(recipe).is_file():
+        manifest = load_manifest(recipe)
+    elif recipe.model.source != "local" or src is not None:
+        manifest, path, _ = lock_model(recipe, src)
+        written = str(path)
+        print(f"ds4deploy: no manifest was committed for '{recipe.base_name}': wrote {path} from the model's own "
+              "source; commit it so every later deploy is checked against it", file=sys.stderr)
+    else:
+        manifest = load_manifest(recipe)  # raises: names `model lock --from` as the fix
+    if recipe.model.source == "local":  # staging.stage covers generated and hub models
+        print(json.dumps({"changed": False, **_local_copy(recipe, manifest, src), "manifest_written": written}))
+        return 0
+    from ds4deploy.staging import stage
 
-        fetch_model(recipe, dest, manifest)
-    problems = verify_model(dest, manifest).problems()
-    if problems:
-        raise UserError(
-            f"the staged model in {dest} does not match {manifest_path(recipe).name}:\n  " + "\n  ".join(problems),
-            f"if the recipe's model changed on purpose, rebuild the manifest (`ds4deploy model manifest "
-            f"{recipe.name} --write`); otherwise delete {dest} and deploy again",
-            code=1,
-        )
-    print(json.dumps({"changed": bool(before), "dest": str(dest), "sha256": sha256_map(dest, manifest)}))
+    out = stage(recipe, Path(ns.dest))
+    print(json.dumps({**out, "copy_from": out["dest"], "manifest_written": written}))
     return 0
+
+
+def _local_copy(recipe, manifest: dict, src: Path | None) -> dict:
+    """A local model's part of `model stage`: every file's sha256 from the manifest, and (with --from) the
+    directory its files are copied from, after verifying them there in parallel.
+
+    Raises:
+        UserError: a manifest entry without sha256 (code 2); files under --from that differ from the manifest
+            (code 1, each named).
+    """
+    from ds4deploy.manifest import manifest_path
+    from ds4deploy.model_lock import local_files
+    from ds4deploy.staging import local_sha256
+    from ds4deploy.verify import byte_progress, verify_model
+
+    name = manifest_path(recipe).name
+    sha = local_sha256(recipe, manifest)
+    if src is None:
+        return {"dest": None, "copy_from": None, "sha256": sha}
+    root, _ = local_files(src)
+    with byte_progress(f"verifying {root.name}") as (on_total, on_bytes):
+        report = verify_model(root, manifest, on_total=on_total, on_bytes=on_bytes)
+    if not report.ok:
+        raise UserError(f"the model files under {root} do not match {name} (the committed manifest wins):\n  "
+                        + "\n  ".join(report.problems()),
+                        f"point --from (MODEL_FROM=) at the copy {name} records, or, if the model changed on purpose, "
+                        f"delete {name}, lock again and review the diff before committing", code=1)
+    return {"dest": str(root), "copy_from": str(root), "sha256": sha}
 
 
 def cmd_image_context(ns: argparse.Namespace) -> int:
     """Prepare an image build context; prints {"changed", "context", "image", "sha256", "local_base"}."""
-    from ds4deploy.image import LOCAL_BASE_IMAGE, context_digest, prepare_context
+    from ds4deploy.image import LOCAL_BASE_IMAGE, build_args, context_digest, prepare_context
     from ds4deploy.recipe import load_recipe
 
     recipe = load_recipe(ns.recipe)
@@ -206,34 +281,75 @@ def cmd_image_context(ns: argparse.Namespace) -> int:
     ca = Path(ns.ca_bundle) if ns.ca_bundle else None
     changed = prepare_context(recipe, Path(ns.dest), wheel_dirs, ca)
     print(json.dumps({"changed": changed, "context": ns.dest, "image": recipe.image_ref,
-                      "sha256": context_digest(recipe, Path(ns.dest)), "local_base": LOCAL_BASE_IMAGE}))
+                      "sha256": context_digest(recipe, Path(ns.dest)), "local_base": LOCAL_BASE_IMAGE,
+                      "build_args": build_args(recipe)}))
     return 0
 
 
-def cmd_preflight(ns: argparse.Namespace) -> int:
-    """Run the preflight rule book; exit 1 when a rule fails (unknown verdicts are shown, not fatal)."""
+def cmd_image_lock(ns: argparse.Namespace) -> int:
+    """Resolve every artifact the recipe's image build downloads (default URL, or --artifact NAME=URL|PATH), hash
+    it and write recipes/<name>.lock.json; a committed lock that disagrees stops (exit 1) naming both digests."""
+    from ds4deploy.artifacts import image_artifacts, lock_image, parse_sources
+
+    recipe = _load(ns.recipe)
+    lock, path, written = lock_image(recipe, parse_sources(ns.artifact or [], image_artifacts(recipe)))
+    for name, e in lock["artifacts"].items():
+        print(f"{name}: {e['file']} {e['size'] / 1e6:.1f} MB sha256 {e['sha256']}")
+    print(f"wrote {path}; commit it" if written else f"up to date: {path}")
+    return 0
+
+
+def _print_preflight(name: str, verdicts: list, show_all: bool, width: int, stderr: bool = False) -> None:
+    """The preflight table of recipe `name` and its counts line, on stdout (or stderr)."""
     from rich.console import Console
     from rich.table import Table
 
-    from ds4deploy import preflight
-    from ds4deploy.recipe import load_recipe
-
-    recipe = load_recipe(ns.recipe)
-    hosts = preflight.load_inventory(Path(ns.inventory)) if ns.inventory else None
-    verdicts = preflight.run(recipe, hosts)
-    shown = [v for v in verdicts if ns.all or v.status != "skip"]
-    table = Table(title=f"preflight {recipe.name}", show_lines=False, expand=False)
+    shown = [v for v in verdicts if show_all or v.status != "skip"]
+    table = Table(title=f"preflight {name}", show_lines=False, expand=False)
     for col in ("rule", "verdict", "numbers", "remediation", "source"):
         table.add_column(col, overflow="fold")
     style = {"pass": "green", "fail": "bold red", "unknown": "yellow", "skip": "dim"}
     for v in shown:
         table.add_row(v.rule, f"[{style[v.status]}]{v.status}[/]", v.numbers, v.remediation, v.source)
-    console = Console(width=ns.width)
+    console = Console(width=width, stderr=stderr)
     console.print(table)
     counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "unknown", "skip")}
     console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unknown']} unknown, "
                   f"{counts['skip']} not applicable")
-    return preflight.Report(recipe.name, verdicts).exit_code
+
+
+def cmd_preflight(ns: argparse.Namespace) -> int:
+    """Run the preflight rule book, then every other check the deploy makes before it changes a node: exit 1 when a
+    rule or a node check fails (unknown verdicts are shown, not fatal), 2 when the recipe cannot be deployed as it is
+    (the deploy's own message).
+
+    With --inventory the deploy's control-host checks (`ds4deploy.playvars.check_run`, the node plan included) run,
+    then ansible/preflight.yml reads every node (`ds4deploy.nodes_preflight`), unless --no-nodes; without one, the
+    checks that need no inventory run and the output says the nodes were not read.
+    """
+    from ds4deploy import preflight
+    from ds4deploy.playvars import check_run, write_play_vars
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    hosts = read_inventory(ns.inventory).hosts if ns.inventory else None
+    verdicts = preflight.run(recipe, hosts)
+    _print_preflight(recipe.name, verdicts, ns.all, ns.width)
+    if preflight.Report(recipe.name, verdicts).exit_code:
+        return 1
+    model_from = Path(ns.model_from) if ns.model_from else None
+    bundle = Path(ns.bundle) if ns.bundle else None
+    if hosts is None or ns.no_nodes:
+        check_run(recipe, hosts, "deploy", ns.inventory or "(none)", bundle, model_from)
+        print("control-host checks of the deploy passed; nodes not read ("
+              + ("--no-nodes" if hosts is not None else "pass --inventory: the deploy reads every node's CPU, RAM, "
+                 "GPUs, disk and ports before it changes one") + ")")
+        return 0
+    from ds4deploy.nodes_preflight import read_nodes
+
+    path = write_play_vars(recipe, hosts, "deploy", ns.inventory, bundle, model_from=model_from)
+    print("control-host checks of the deploy passed; reading every node (ansible/preflight.yml, changes nothing)")
+    return read_nodes(recipe.name, ns.inventory, path, model_from)
 
 
 def cmd_summary(ns: argparse.Namespace) -> int:
@@ -242,6 +358,13 @@ def cmd_summary(ns: argparse.Namespace) -> int:
 
     print(summary(ns.recipe))
     return 0
+
+
+def cmd_status(ns: argparse.Namespace) -> int:
+    """Print every node's containers, /health and (--logs N) engine log lines as docker printed them."""
+    from ds4deploy.status import status
+
+    return status(ns.recipe, ns.inventory, ns.logs, ns.verbose)
 
 
 def cmd_engine_venv(ns: argparse.Namespace) -> int:
@@ -277,11 +400,16 @@ def cmd_bundle_verify(ns: argparse.Namespace) -> int:
 
 
 def cmd_bundle_stage_model(ns: argparse.Namespace) -> int:
-    """Stage the model from a bundle (the offline `model stage`); prints {"changed", "dest", "sha256"}."""
-    from ds4deploy.bundle import stage_model
+    """Stage the model from a bundle (the offline `model stage`, `ds4deploy.staging.stage`); prints the same
+    {"changed", "dest", "copy_from", "sha256", "manifest_written"} as `model stage`."""
+    from ds4deploy.bundle import load_meta
     from ds4deploy.recipe import load_recipe
+    from ds4deploy.staging import stage
 
-    print(json.dumps(stage_model(Path(ns.bundle), load_recipe(ns.recipe), Path(ns.dest))))
+    bundle = Path(ns.bundle)
+    src = bundle / load_meta(bundle)["model"]["dir"]
+    out = stage(load_recipe(ns.recipe), Path(ns.dest), copy_from=src)
+    print(json.dumps({**out, "copy_from": out["dest"], "manifest_written": None}))
     return 0
 
 
@@ -291,6 +419,21 @@ def cmd_nodes_plan(ns: argparse.Namespace) -> int:
     from ds4deploy.recipe import load_recipe
 
     print(json.dumps(as_facts(plan_from_inventory(load_recipe(ns.recipe), Path(ns.inventory)))))
+    return 0
+
+
+def cmd_incident_collect(ns: argparse.Namespace) -> int:
+    """Save every node's engine logs and container states into an incident folder before a stop; print its JSON
+    (dir, earliest fatal line, message). See ds4deploy.incidents."""
+    from ds4deploy.incidents import collect
+    from ds4deploy.inventory import read_inventory
+    from ds4deploy.nodes import plan
+    from ds4deploy.recipe import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    hosts = read_inventory(Path(ns.inventory)).hosts
+    incident = collect(recipe, plan(recipe, hosts), hosts, ns.reason, root=Path(ns.root), keep=ns.keep)
+    print(json.dumps(incident.as_json()))
     return 0
 
 
@@ -307,11 +450,27 @@ def cmd_supervise(ns: argparse.Namespace) -> int:
     return supervise(make_target(recipe, Path(ns.inventory), ns.url), policy, journal, max_cycles=ns.cycles)
 
 
-def cmd_bench_stack(ns: argparse.Namespace) -> int:
-    """Measure the packaging cost of a deployed stack (see ds4deploy.bench.stack)."""
-    from ds4deploy.bench.stack import run_bench_stack
+def cmd_supervisor(ns: argparse.Namespace) -> int:
+    """Start, stop or show the recipe's supervisor service (see ds4deploy.supervisor_service)."""
+    from ds4deploy import supervisor_service as svc
+    from ds4deploy.recipe import load_recipe
 
-    return run_bench_stack(ns)
+    recipe = load_recipe(ns.recipe)
+    if ns.action == "start":
+        out = svc.start(recipe, Path(ns.inventory))
+        where = out.get("unit") or f"pid {out['pid']}, log {out['log']}"
+        print(f"supervisor of {recipe.name} running ({out['mode']}: {where})")
+    elif ns.action == "stop":
+        out = svc.stop(recipe)
+        print(f"supervisor of {recipe.name} {'stopped' if out['stopped'] else 'was not running'}")
+    else:
+        out = svc.status(recipe)
+        detail = out.get("unit") or (f"pid {out['pid']} since {out['since']}, log {out['log']}" if "pid" in out
+                                     else "never started: `make deploy` starts it")
+        print(f"supervisor of {recipe.name}: {'running' if out['running'] else 'NOT running'} ({out['mode']}: "
+              f"{detail})")
+        return 0 if out["running"] else 1
+    return 0
 
 
 def cmd_bench_run(ns: argparse.Namespace) -> int:
@@ -335,17 +494,37 @@ def cmd_bench_ab(ns: argparse.Namespace) -> int:
     return run_ab(ns)
 
 
+def cmd_bench_soak(ns: argparse.Namespace) -> int:
+    """Steady load for a while on a running server (see ds4deploy.bench.soak); exit 1 when a request failed (or,
+    with --require-flat, the engine's memory rose)."""
+    from ds4deploy.bench.soak import run_soak
+
+    return run_soak(ns)
+
+
+def cmd_conformance(ns: argparse.Namespace) -> int:
+    """The client conformance matrix against a server (see ds4deploy.conformance.runner), or with ``record`` in
+    place of the recipe the recording proxy (ds4deploy.conformance.record). Exit 0 nothing failed, 1 a case failed,
+    2 the server could not be tested."""
+    if ns.recipe == "record":
+        from ds4deploy.conformance.record import run_record
+
+        return run_record(ns)
+    from ds4deploy.conformance.runner import run_conformance
+
+    return run_conformance(ns)
+
 
 def cmd_check_run(ns: argparse.Namespace) -> int:
     """Host, rails and fabric checks against an inventory: one table per host; exit 0 all passed (skips allowed),
     1 a check failed, 2 a check could not run."""
-    from ds4deploy import preflight
     from ds4deploy.checks import report, runner
     from ds4deploy.recipe import load_recipe
 
     recipe = load_recipe(ns.recipe)
     inventory = Path(ns.inventory)
-    hosts = runner.select_hosts(preflight.load_inventory(inventory), runner.inventory_groups(inventory), ns.limit)
+    inv = read_inventory(inventory)
+    hosts = runner.select_hosts(inv.hosts, inv.groups, ns.limit)
     groups = tuple(g.strip() for g in ns.groups.split(",") if g.strip())
     rows = runner.run_checks(recipe, hosts, groups)
     if ns.require_hardware:
@@ -356,28 +535,22 @@ def cmd_check_run(ns: argparse.Namespace) -> int:
     return report.exit_code(rows)
 
 
-def cmd_check_inputs(ns: argparse.Namespace) -> int:
-    """Refuse bad inventory/recipe input before any host is changed; with --write, write the provisioning
-    variables (ds4_* keys the provisioning roles read) as YAML."""
-    import yaml
-
-    from ds4deploy import preflight
-    from ds4deploy.checks import inputs
+def cmd_vars(ns: argparse.Namespace) -> int:
+    """Validate the recipe and the inventory for a run (`ds4deploy.playvars`) and write every variable its plays
+    read; prints the file's path (what ansible/nodes-plan.yml loads)."""
+    from ds4deploy.playvars import InputsRefused, write_play_vars
     from ds4deploy.recipe import load_recipe
 
     recipe = load_recipe(ns.recipe)
-    hosts = preflight.load_inventory(Path(ns.inventory)) if ns.inventory else {}
-    inputs.validate_inputs(recipe, hosts)
-    text = yaml.safe_dump(inputs.provision_vars(recipe), sort_keys=True)
-    if ns.write:
-        out = Path(ns.write)
-        changed = not out.is_file() or out.read_text() != text
-        if changed:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(text)
-        print(json.dumps({"changed": changed, "path": str(out), "hosts": len(hosts)}))
-    else:
-        print(text, end="")
+    hosts = read_inventory(ns.inventory).hosts
+    try:
+        path = write_play_vars(recipe, hosts, ns.scope, ns.inventory, Path(ns.bundle) if ns.bundle else None,
+                               model_from=Path(ns.model_from) if ns.model_from else None)
+    except InputsRefused as exc:
+        # The preflight table first, as `ds4deploy preflight` prints it (stdout is the path Ansible reads).
+        _print_preflight(recipe.name, exc.verdicts, False, 120, stderr=True)
+        raise
+    print(path)
     return 0
 
 
@@ -386,38 +559,6 @@ def cmd_fabric_gid_index(ns: argparse.Namespace) -> int:
     from ds4deploy.checks.fabric import resolve_gid_index
 
     print(resolve_gid_index(ns.hca, ns.ipv4, ns.sysfs))
-    return 0
-
-
-def cmd_fabric_dump_command(ns: argparse.Namespace) -> int:
-    """Print the shell command that dumps a node's GID table under --sysfs; nothing when RECIPE has no fabric."""
-    from ds4deploy.checks.fabric import gid_dump_command
-    from ds4deploy.recipe import load_recipe
-
-    if load_recipe(ns.recipe).fabric is not None:
-        print(gid_dump_command(ns.sysfs))
-    return 0
-
-
-def cmd_fabric_launch_env(ns: argparse.Namespace) -> int:
-    """Print a node's resolved fabric launch facts as JSON (`ds4deploy.checks.fabric.launch_env`)."""
-    from ds4deploy.checks.fabric import launch_env
-    from ds4deploy.recipe import load_recipe
-
-    try:
-        rails = json.loads(ns.rails)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"--rails is not JSON: {exc}", "pass the host's ds4_rails as JSON, e.g. "
-                        "'{\"rail0\": {\"address\": \"192.168.100.1\"}}'") from None
-    if not isinstance(rails, dict):
-        raise UserError(f"--rails is {type(rails).__name__}, not a mapping of rail name to {{address: ...}}",
-                        "pass the host's ds4_rails as a JSON object")
-    try:
-        dump = sys.stdin.read() if ns.dump_file == "-" else Path(ns.dump_file).read_text()
-    except OSError as exc:
-        raise UserError(f"cannot read --dump-file {ns.dump_file}: {exc.strerror or exc}",
-                        "pass the file written from `ds4deploy fabric dump-command`'s output, or - for stdin") from None
-    print(json.dumps(launch_env(load_recipe(ns.recipe), ns.node, rails, dump, ns.sysfs)))
     return 0
 
 
@@ -430,6 +571,10 @@ def build_parser() -> argparse.ArgumentParser:
     v = rp.add_parser("validate", help="validate recipes (all when none named)")
     v.add_argument("recipes", nargs="*")
     v.set_defaults(func=cmd_recipe_validate)
+    ri = rp.add_parser("index", help="write recipes/README.md (one row per recipe: hardware, model, engine, nodes, "
+                       "expected decode, status, an owner's remaining steps)")
+    ri.add_argument("--check", action="store_true", help="fail (exit 1) when the committed index is stale")
+    ri.set_defaults(func=cmd_recipe_index)
 
     r = sub.add_parser("render", help="render compose/<recipe>/ from recipes (all when none named)")
     r.add_argument("recipes", nargs="*")
@@ -441,11 +586,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("recipe")
     g.add_argument("--dest", help="directory (default: the recipe's model.path)")
     g.set_defaults(func=cmd_model_generate)
-    m = mp.add_parser("manifest", help="print (or --write) the model manifest (generated: from the generator; "
-                      "hub: from the hub's file metadata)")
+    m = mp.add_parser("manifest", help="print (or --write, as `model lock`) the model manifest (generated: from the "
+                      "generator; hub: from the hub's file metadata; local: from --from)")
     m.add_argument("recipe")
-    m.add_argument("--write", action="store_true", help="write recipes/<recipe>.manifest.json")
+    m.add_argument("--write", action="store_true", help="write recipes/<recipe>.manifest.json (= `model lock`)")
+    m.add_argument("--from", dest="from_path", metavar="PATH", help="local model: its file or directory here")
     m.set_defaults(func=cmd_model_manifest)
+    lk = mp.add_parser("lock", help="build the model manifest from its source (hub metadata at the resolved full "
+                       "commit, or the sha256 of a local model's files) and write recipes/<recipe>.manifest.json")
+    lk.add_argument("recipe")
+    lk.add_argument("--from", dest="from_path", metavar="PATH", help="local model: its file (e.g. a .gguf) or the "
+                    "directory of its parts on this host")
+    lk.set_defaults(func=cmd_model_lock)
     f = mp.add_parser("fetch", help="download a 'hub' recipe's pinned revision (resumable, parallel); only files "
                       "matching the manifest are placed")
     f.add_argument("recipe")
@@ -455,6 +607,8 @@ def build_parser() -> argparse.ArgumentParser:
     st = mp.add_parser("stage", help="generate or fetch into --dest, verify against the manifest, print sha256s")
     st.add_argument("recipe")
     st.add_argument("--dest", required=True)
+    st.add_argument("--from", dest="from_path", metavar="PATH", help="local model: its file or directory on this host "
+                    "(copied to every node); without it the files must already be in model.path on each node")
     st.set_defaults(func=cmd_model_stage)
     vf = mp.add_parser("verify", help="check a model directory against the recipe's manifest (parallel; unchanged "
                        "files verified before come from the sidecar)")
@@ -473,10 +627,22 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--wheelhouse", action="append", help="wheel directory (repeatable)")
     c.add_argument("--ca-bundle", help="extra CA certificates (PEM) for pip inside the build")
     c.set_defaults(func=cmd_image_context)
+    il = ip.add_parser("lock", help="hash every artifact the image build downloads (the Lvllmds4-x wheel, pinned "
+                       "tarballs) and write recipes/<recipe>.lock.json, which builds verify against")
+    il.add_argument("recipe")
+    il.add_argument("--artifact", action="append", metavar="NAME=URL|PATH",
+                    help="where to take artifact NAME from instead of its default URL: a mirror URL or a local file "
+                    "(repeatable)")
+    il.set_defaults(func=cmd_image_lock)
 
     pf = sub.add_parser("preflight", help="run the preflight rule book against a recipe (and an inventory)")
     pf.add_argument("recipe")
-    pf.add_argument("--inventory", help="Ansible YAML inventory with host facts (ds4_kernel, ds4_rails)")
+    pf.add_argument("--inventory", help="Ansible inventory: host facts (ds4_kernel, ds4_rails) for the rules, the node "
+                    "plan, and the nodes the deploy's read-only node checks read")
+    pf.add_argument("--no-nodes", action="store_true", help="with --inventory: do not read the nodes (rules and "
+                    "control-host checks only)")
+    pf.add_argument("--model-from", help="MODEL_FROM of the deploy: a local model's file or directory on this host")
+    pf.add_argument("--bundle", help="OFFLINE of the deploy: the air-gapped bundle directory to verify")
     pf.add_argument("--all", action="store_true", help="also list rules that do not apply")
     pf.add_argument("--width", type=int, default=160, help="table width in columns")
     pf.set_defaults(func=cmd_preflight)
@@ -485,15 +651,43 @@ def build_parser() -> argparse.ArgumentParser:
     su.add_argument("recipe")
     su.set_defaults(func=cmd_summary)
 
+    ss = sub.add_parser("status", help="every node's containers and /health (and log lines), as docker printed them")
+    ss.add_argument("recipe")
+    ss.add_argument("--inventory", default="ansible/inventories/local.yml")
+    ss.add_argument("--logs", type=int, default=0, metavar="N", help="also each node's last N engine log lines")
+    ss.add_argument("--verbose", action="store_true", help="Ansible's whole output instead of the reports")
+    ss.set_defaults(func=cmd_status)
+
     ev = sub.add_parser("engine-venv", help="create .cache/engine-venv with a recipe's engine pins (host side)")
     ev.add_argument("--recipe", default="cpu")
     ev.set_defaults(func=cmd_engine_venv)
+
+    va = sub.add_parser("vars", help="validate a recipe and an inventory once, at the start of a run, and write every "
+                        "variable its plays read (prints the file)")
+    va.add_argument("recipe")
+    va.add_argument("--inventory", required=True, help="Ansible inventory (YAML or INI)")
+    va.add_argument("--scope", choices=["deploy", "provision", "operate"], default="deploy",
+                    help="deploy: render, preflight, GPU settings, bundle and node plan checked; provision: preflight "
+                    "and GPU settings; operate (status, down, restart): node plan only")
+    va.add_argument("--bundle", help="air-gapped bundle directory to verify against the recipe (deploy)")
+    va.add_argument("--model-from", help="MODEL_FROM: a local model's file or directory on this host (deploy)")
+    va.set_defaults(func=cmd_vars)
 
     npl = sub.add_parser("nodes", help="multi-node plans").add_subparsers(dest="sub", required=True)
     npp = npl.add_parser("plan", help="check an inventory against a recipe's nodes; print each node's launch facts")
     npp.add_argument("recipe")
     npp.add_argument("--inventory", required=True, help="YAML Ansible inventory (ds4_node_rank, ds4_host_ip)")
     npp.set_defaults(func=cmd_nodes_plan)
+
+    inc = sub.add_parser("incident", help="incident folders").add_subparsers(dest="sub", required=True)
+    ic = inc.add_parser("collect", help="save every node's engine logs and container states (before a stop); print "
+                        "the folder and the earliest fatal line as JSON")
+    ic.add_argument("recipe")
+    ic.add_argument("--inventory", default="ansible/inventories/local.yml")
+    ic.add_argument("--reason", default="stop", help="why the stack is stopped (kept in incident.json)")
+    ic.add_argument("--root", default="/var/lib/ds4deploy/incidents", help="incidents root (default %(default)s)")
+    ic.add_argument("--keep", type=int, default=20, help="incident folders kept per recipe (default %(default)s)")
+    ic.set_defaults(func=cmd_incident_collect)
 
     sv = sub.add_parser("supervise", help="restart a deployed node group in order when it dies, turns unhealthy "
                         "or stops making progress")
@@ -511,6 +705,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--cycles", type=int, help="stop after this many checks (default: run until stopped)")
     sv.set_defaults(func=cmd_supervise)
 
+    ss = sub.add_parser("supervisor", help="run `supervise` for a deployed recipe as a service (systemd unit, or a "
+                        "detached process recorded in the stack directory): start, stop, status")
+    ss.add_argument("action", choices=["start", "stop", "status"])
+    ss.add_argument("recipe")
+    ss.add_argument("--inventory", default="ansible/inventories/local.yml")
+    ss.set_defaults(func=cmd_supervisor)
+
     bp = sub.add_parser("bundle", help="air-gapped bundles").add_subparsers(dest="sub", required=True)
     bc = bp.add_parser("create", help="write images, model, wheelhouse and recipe for an offline deploy")
     bc.add_argument("recipe")
@@ -525,15 +726,6 @@ def build_parser() -> argparse.ArgumentParser:
     bs.add_argument("recipe")
     bs.add_argument("--dest", required=True)
     bs.set_defaults(func=cmd_bundle_stage_model)
-
-    b = sub.add_parser("bench-stack", help="deployed stack vs the same engine started bare (packaging cost)")
-    b.add_argument("--recipe", default="cpu")
-    b.add_argument("--repeats", type=int, default=5)
-    b.add_argument("--requests", type=int, default=8, help="requests per run")
-    b.add_argument("--max-tokens", type=int, default=512)
-    b.add_argument("--out", default="docs/benchmarks.md")
-    b.add_argument("--cold", action="store_true", help="also time a cold deploy (removes the engine and base images)")
-    b.set_defaults(func=cmd_bench_stack)
 
     bn = sub.add_parser("bench", help="benchmark harness (profiles -> tables, plots, expected comparison)")
     bns = bn.add_subparsers(dest="sub", required=True)
@@ -577,6 +769,48 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a response chunk")
     ba.add_argument("--quiet", action="store_true", help="print only the report path")
     ba.set_defaults(func=cmd_bench_ab)
+    sk = bns.add_parser("soak", help="steady streaming load for a while: failed requests, TTFT and decode per window, "
+                        "the engine container's memory trend")
+    sk.add_argument("recipe")
+    sk.add_argument("--minutes", type=float, default=30.0, help="how long to keep the load (default 30)")
+    sk.add_argument("--sessions", type=int, default=8, help="concurrent streaming sessions (default 8)")
+    sk.add_argument("--window-min", type=float, default=5.0, help="report window, minutes (default 5)")
+    sk.add_argument("--prompt-tokens", default="256,1024,4096",
+                    help="comma-separated prompt lengths sent in turn, tokens (default 256,1024,4096)")
+    sk.add_argument("--max-tokens", type=int, default=256, help="output tokens per request (default 256)")
+    sk.add_argument("--url", help="server base URL (default: the recipe's serving address and port)")
+    sk.add_argument("--key-file", help="API key file, VLLM_API_KEY=<key> (default: the recipe's key file)")
+    sk.add_argument("--model", help="served model name (default: the recipe's)")
+    sk.add_argument("--container", help="engine container to sample memory from (default: the recipe's on this "
+                    "host; none with --url)")
+    sk.add_argument("--mem-interval", type=float, default=15.0, help="seconds between memory samples (default 15)")
+    sk.add_argument("--out", help="report directory (default docs/bench/<recipe>): soak.md, soak.json")
+    sk.add_argument("--section", help="also replace the soak section of this markdown file (docs/benchmarks.md)")
+    sk.add_argument("--require-flat", action="store_true", help="exit 1 when the memory trend is not flat")
+    sk.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a response chunk")
+    sk.add_argument("--quiet", action="store_true", help="no progress lines")
+    sk.set_defaults(func=cmd_bench_soak)
+
+    cf = sub.add_parser("conformance", help="client conformance matrix (OpenAI and Anthropic SDKs, raw HTTP) "
+                        "against a server; `conformance record` runs the recording proxy")
+    cf.add_argument("recipe", nargs="?", help="recipe whose server to test (address, port, key file, model), or "
+                    "`record` for the recording proxy")
+    cf.add_argument("--url", help="server base URL, http://host:port (default: the recipe's); for `record`, the "
+                    "server to forward to")
+    cf.add_argument("--key-file", help="API key file, VLLM_API_KEY=<key> (default: the recipe's key file)")
+    cf.add_argument("--model", help="served model name (default: the recipe's, or the server's only model)")
+    cf.add_argument("--out", help="report directory (default docs/conformance/<recipe>); for `record`, where request "
+                    "shapes are saved (default ./recorded)")
+    cf.add_argument("--shapes", help="directory of recorded request shapes to replay besides the bundled ones")
+    cf.add_argument("--only", help="run only cases whose name contains one of these comma-separated words")
+    cf.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
+    cf.add_argument("--width", type=int, default=200, help="table width in columns")
+    cf.add_argument("--listen", default="127.0.0.1:8099", help="record: address:port the proxy listens on")
+    cf.add_argument("--recipe", dest="recipe_for_record", metavar="RECIPE",
+                    help="record: forward to this recipe's server (instead of --url)")
+    cf.add_argument("--strip-text", action="store_true", help="record: save prose (system prompt, messages, tool "
+                    "descriptions) as filler of the same length, to share a shape without its content")
+    cf.set_defaults(func=cmd_conformance)
 
     ck = sub.add_parser("check", help="host, rails and fabric checks of provisioned nodes").add_subparsers(
         dest="sub", required=True)
@@ -591,12 +825,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="count 'no NVIDIA GPU' / 'no RDMA device' skips as failures")
     cr.add_argument("--width", type=int, default=160, help="table width in columns")
     cr.set_defaults(func=cmd_check_run)
-    ci = ck.add_parser("inputs", help="refuse bad inventory/recipe input (rail addresses, duplicates, clocks) "
-                       "and print or --write the provisioning variables")
-    ci.add_argument("recipe")
-    ci.add_argument("--inventory", help="YAML Ansible inventory")
-    ci.add_argument("--write", help="write the variables to this YAML file (prints {\"changed\": ...})")
-    ci.set_defaults(func=cmd_check_inputs)
 
     fb = sub.add_parser("fabric", help="fabric helpers run on a node").add_subparsers(dest="sub", required=True)
     fg = fb.add_parser("gid-index", help="print the RoCE v2 GID index of a rail address on an HCA (this node)")
@@ -604,20 +832,6 @@ def build_parser() -> argparse.ArgumentParser:
     fg.add_argument("--ipv4", required=True, help="the rail's IPv4 address on this node")
     fg.add_argument("--sysfs", default="/sys", help="sysfs root (default /sys)")
     fg.set_defaults(func=cmd_fabric_gid_index)
-    fd = fb.add_parser("dump-command", help="print the read-only shell command that dumps a node's GID table "
-                       "(nothing when the recipe has no fabric)")
-    fd.add_argument("recipe")
-    fd.add_argument("--sysfs", default="/sys", help="sysfs root on the node (default /sys)")
-    fd.set_defaults(func=cmd_fabric_dump_command)
-    fl = fb.add_parser("launch-env", help="resolve a node's NCCL_IB_GID_INDEX (every HCA of every rail) from its "
-                       "GID table dump; prints JSON {env, hcas}")
-    fl.add_argument("recipe")
-    fl.add_argument("--node", required=True, help="inventory host name (for messages)")
-    fl.add_argument("--rails", required=True, help="the host's ds4_rails as JSON: {rail: {address: a.b.c.d}}")
-    fl.add_argument("--dump-file", required=True, help="output of `ds4deploy fabric dump-command` on the node "
-                    "(- = stdin)")
-    fl.add_argument("--sysfs", default="/sys", help="sysfs root the dump was taken under (default /sys)")
-    fl.set_defaults(func=cmd_fabric_launch_env)
     return p
 
 

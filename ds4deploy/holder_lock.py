@@ -1,7 +1,9 @@
 """An exclusive ``flock`` on a file that also says who holds it.
 
-Used where two runs of one operation on one target spoil each other: one benchmark per server
-(`ds4deploy.bench.lock`, SEEDS B's stray clock-sweep script) and one fetch per model directory (`ds4deploy.fetch`:
+The package's one flock helper. Used where two runs of one operation on one target spoil each other: one
+benchmark per server (`ds4deploy.bench.lock`, docs/sources.md#gx10-benchmark-method: a stray clock-sweep
+script), one clock sweep per host
+(`ds4deploy.bench.clocks.sweep_lock`) and one fetch per model directory (`ds4deploy.fetch`:
 two fetches into one staging directory overwrite each other's partial files and the second one's final move can
 place a file the first is still writing). The file holds the holder's pid, command line and start time as JSON so
 the refused run can name it. The kernel drops an flock when its holder dies, so a killed run never leaves a stale

@@ -13,9 +13,14 @@ matches are not downloaded again, but a partial file is not continued: since hug
 writes a process-unique ``<etag>.<nonce>.incomplete`` and deletes it on failure (huggingface/huggingface_hub PRs
 #4228 and #4306, open issue #4196 "No resuming of downloads"; unsloth PR #8350 bisected the change to 1.18.0).
 
-Pins: recipes may pin a 7-40 hex prefix (the hub resolves commit prefixes server-side, huggingface_hub issue
-#197, fixed on the hub in 2023); the manifest always records the full commit, and fetch downloads that commit
-and refuses when the hub now resolves the recipe's pin to a different one.
+Pins: recipes may pin a 7-40 hex prefix. `resolve_revision` resolves a prefix against the repository's own commit
+list (every branch's history: ``HfApi.list_repo_refs`` + ``HfApi.list_repo_commits``,
+https://huggingface.co/docs/huggingface_hub/package_reference/hf_api#huggingface_hub.HfApi.list_repo_commits),
+never by asking the hub to guess: a prefix that names no commit, or more than one, stops with the candidates. The
+manifest always records the full commit; fetch downloads that commit and refuses when the prefix now resolves to
+a different one. Before downloading, `file_metadata` reads the hub's per-file metadata of the files still needed
+(``HfApi.get_paths_info``, the ``paths-info`` endpoint) so a committed manifest that disagrees with the hub stops
+before the first byte, naming each file.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ def _hub_error(recipe: Recipe, exc: Exception) -> UserError:
             exc = ConnectionError(str(chain[-1]))
     if isinstance(exc, RevisionNotFoundError):
         return UserError(f"revision {m.revision} does not exist in {m.repo_id}",
-                         f"pin an existing commit in recipes/{recipe.name}.yaml (model.revision)")
+                         f"pin an existing commit in recipes/{recipe.base_name}.yaml (model.revision)")
     if isinstance(exc, GatedRepoError):
         return UserError(f"{m.repo_id} is gated", "accept its terms on the hub and set HF_TOKEN")
     if isinstance(exc, RepositoryNotFoundError):
@@ -78,18 +83,21 @@ def _require_hub(recipe: Recipe) -> tuple[str, str]:
 
 
 def hub_manifest(recipe: Recipe) -> dict:
-    """Manifest of the pinned revision from the hub's file metadata.
+    """Manifest of the pinned revision from the hub's file metadata, at the full commit the pin resolves to
+    (`resolve_revision`).
 
     Returns:
-        ``{"recipe", "source": "hub", "repo_id", "revision", "files": {name: {"size", "sha256"|"git_sha1"}}}``.
+        ``{"recipe", "source": "hub", "repo_id", "revision", "files": {name: {"size", "sha256"|"git_sha1"}}}``,
+        sizes in bytes; ``revision`` is the full 40-hex commit.
     Raises:
-        UserError: unknown repository or revision, gated repository, hub unreachable.
+        UserError: unknown repository, unknown or ambiguous revision prefix, gated repository, hub unreachable.
     """
     from huggingface_hub import HfApi
 
-    repo_id, revision = _require_hub(recipe)
+    repo_id, _ = _require_hub(recipe)
+    commit = resolve_revision(recipe)
     try:
-        info = HfApi().model_info(repo_id, revision=revision, files_metadata=True)
+        info = HfApi().model_info(repo_id, revision=commit, files_metadata=True)
     except Exception as exc:
         raise _hub_error(recipe, exc) from None
     sha = check_resolved(recipe, info.sha)
@@ -99,7 +107,7 @@ def hub_manifest(recipe: Recipe) -> dict:
             files[s.rfilename] = {"size": s.lfs.size, "sha256": s.lfs.sha256}
         else:
             files[s.rfilename] = {"size": s.size, "git_sha1": s.blob_id}
-    return {"recipe": recipe.name, "source": "hub", "repo_id": repo_id, "revision": sha, "files": files}
+    return {"recipe": recipe.base_name, "source": "hub", "repo_id": repo_id, "revision": sha, "files": files}
 
 
 def check_resolved(recipe: Recipe, sha: str | None) -> str:
@@ -118,25 +126,93 @@ def check_resolved(recipe: Recipe, sha: str | None) -> str:
     if not sha.startswith(m.revision or ""):
         raise UserError(f"the hub resolves {m.repo_id}@{m.revision} to commit {sha}, which does not start with the "
                         f"pinned {m.revision} (a branch or tag of that name?)",
-                        f"pin the full 40-hex commit in recipes/{recipe.name}.yaml (model.revision)")
+                        f"pin the full 40-hex commit in recipes/{recipe.base_name}.yaml (model.revision)")
     return sha
 
 
-def resolve_revision(recipe: Recipe) -> str:
-    """The full commit the hub resolves the recipe's pinned revision (a prefix or a full commit) to, now.
+# Commits shown when a prefix matches none: the newest of the repository (huggingface_hub lists newest first).
+SHOWN_CANDIDATES = 5
 
+
+def _commit_line(c) -> str:
+    when = c.created_at.strftime("%Y-%m-%d") if getattr(c, "created_at", None) else "?"
+    return f"{c.commit_id} ({when}, {c.title!r})"
+
+
+def resolve_revision(recipe: Recipe) -> str:
+    """The full 40-hex commit the recipe's pinned revision names.
+
+    A full commit is checked to exist (``model_info`` at that revision). A 7-39 hex prefix is matched against
+    every commit of every branch of the repository (``list_repo_refs``, then ``list_repo_commits`` per branch):
+    exactly one match is the answer.
+
+    Returns:
+        The full commit (40 lowercase hex).
     Raises:
-        UserError: unknown repository or revision, gated repository, hub unreachable, pin that resolves to a commit
-            not starting with it.
+        UserError: unknown repository or full commit, a prefix matching no commit (the newest commits are listed)
+            or several (each listed with its date and title), gated repository, hub unreachable.
     """
     from huggingface_hub import HfApi
 
     repo_id, revision = _require_hub(recipe)
+    api = HfApi()
+    if len(revision) == 40:
+        try:
+            info = api.model_info(repo_id, revision=revision)
+        except Exception as exc:
+            raise _hub_error(recipe, exc) from None
+        return check_resolved(recipe, info.sha)
     try:
-        info = HfApi().model_info(repo_id, revision=revision)
+        branches = api.list_repo_refs(repo_id).branches
+        commits: dict[str, object] = {}
+        for branch in branches:
+            for c in api.list_repo_commits(repo_id, revision=branch.target_commit):
+                commits.setdefault(c.commit_id, c)
     except Exception as exc:
         raise _hub_error(recipe, exc) from None
-    return check_resolved(recipe, info.sha)
+    matches = [c for cid, c in commits.items() if cid.startswith(revision)]
+    where = f"recipes/{recipe.base_name}.yaml (model.revision)"
+    if len(matches) == 1:
+        return check_resolved(recipe, matches[0].commit_id)
+    if not matches:
+        newest = [_commit_line(c) for c in list(commits.values())[:SHOWN_CANDIDATES]]
+        raise UserError(f"revision {revision} matches no commit of {repo_id} ({len(commits)} commits on "
+                        f"{len(branches)} branch(es)); the newest are:\n  " + "\n  ".join(newest or ["(none)"]),
+                        f"pin an existing commit, in full (40 hex), in {where}")
+    raise UserError(f"revision {revision} matches {len(matches)} commits of {repo_id}:\n  "
+                    + "\n  ".join(_commit_line(c) for c in matches),
+                    f"pin the one you mean in full (40 hex) in {where}")
+
+
+def file_metadata(recipe: Recipe, commit: str, names: list[str]) -> dict[str, dict]:
+    """The hub's own metadata of `names` at full commit `commit` (``HfApi.get_paths_info``): for each file that
+    exists there, ``{"size", "sha256"}`` (LFS files) or ``{"size", "git_sha1"}`` (small files), as in a manifest.
+    Files the hub does not have are absent from the result.
+
+    Raises:
+        UserError: unknown repository or commit, gated repository, hub unreachable.
+    """
+    from huggingface_hub import HfApi
+
+    repo_id, _ = _require_hub(recipe)
+    out: dict[str, dict] = {}
+    try:
+        for i in range(0, len(names), PATHS_PER_REQUEST):
+            for f in HfApi().get_paths_info(repo_id, names[i:i + PATHS_PER_REQUEST], revision=commit):
+                if not hasattr(f, "blob_id"):
+                    continue  # a folder
+                if f.lfs is not None:
+                    out[f.path] = {"size": f.lfs.size, "sha256": f.lfs.sha256}
+                else:
+                    out[f.path] = {"size": f.size, "git_sha1": f.blob_id}
+    except Exception as exc:
+        raise _hub_error(recipe, exc) from None
+    return out
+
+
+# Paths per paths-info request: the hub pages its own listings at 1,000 entries (huggingface_hub's `get_paths_info`
+# docstring, "only 50 results are returned per page (instead of 1000)" with expand); 100 keeps each form small.
+PATHS_PER_REQUEST = 100
 
 
 def is_enospc(exc: BaseException) -> bool:
@@ -181,13 +257,3 @@ def download(recipe: Recipe, commit: str, names: list[str], into: Path, workers:
             raise UserError(f"could not write {into}: {exc.strerror or exc}",
                             "make the model directory's parent writable or choose another model.path") from None
         raise _hub_error(recipe, exc) from None
-
-
-def fetch(recipe: Recipe, dest: Path, workers: int = 8) -> Path:
-    """Fetch the recipe's pinned model into `dest`, hash-checked against its committed manifest
-    (`ds4deploy.fetch.fetch_model`). Kept for callers of the former API; returns `dest`."""
-    from ds4deploy.fetch import fetch_model
-    from ds4deploy.manifest import load_manifest
-
-    fetch_model(recipe, dest, load_manifest(recipe), workers=workers)
-    return dest

@@ -3,7 +3,8 @@
 The build context is a directory of its own (never the repo), so the daemon receives only what the build needs:
 
     <dest>/Dockerfile       copy of images/<arch>/Dockerfile
-    <dest>/wheelhouse/      wheels pip may install from (hard links where possible)
+    <dest>/wheelhouse/      wheels pip may install from (hard links where possible), including every artifact the
+                            build would download, verified against recipes/<name>.lock.json (`ds4deploy.artifacts`)
     <dest>/extra-ca.pem     CA certificates appended to the image's system bundle during the build only
 
 Why a wheelhouse: the CPU engine needs ``torch==2.13.0+cpu``, a local version served only by the PyTorch CPU
@@ -149,13 +150,17 @@ def prepare_context(
     Returns:
         True when any file in the context changed (the image must be rebuilt).
     Raises:
-        UserError: no Dockerfile for the image arch, or the torch wheel the build needs is nowhere to be had.
+        UserError: no Dockerfile for the image arch, the torch wheel the build needs is nowhere to be had, or a
+            downloaded artifact has no lock or differs from it (`ds4deploy.artifacts.locked_files`).
     """
+    from ds4deploy.artifacts import locked_files
+
     src_dir = IMAGES_DIR / recipe.engine.image.arch
     dockerfile = src_dir / "Dockerfile"
     if not dockerfile.is_file():
         raise UserError(f"no Dockerfile at {dockerfile}", f"add images/{recipe.engine.image.arch}/Dockerfile")
     dirs = default_wheel_dirs() if wheel_dirs is None else wheel_dirs
+    locked = locked_files(recipe, dirs)  # downloaded artifacts verified against the lock before anything is laid out
     dest.mkdir(parents=True, exist_ok=True)
     wheelhouse = dest / "wheelhouse"
     wheelhouse.mkdir(exist_ok=True)
@@ -170,7 +175,7 @@ def prepare_context(
             wanted.setdefault(whl.name, whl)
     # Only the CPU image installs a torch build that PyPI does not serve (+cpu); GPU images take theirs from PyPI,
     # the PyTorch CUDA index or their base image.
-    torch_version = recipe.engine.image.build_args.get("TORCH_VERSION") if recipe.engine.image.arch == "cpu" else None
+    torch_version = recipe.image_build_args.get("TORCH_VERSION") if recipe.engine.image.arch == "cpu" else None
     if torch_version and not any(n.startswith(torch_wheel_name_prefix(torch_version)) for n in wanted):
         got = _fetch_torch(torch_version, REPO_ROOT / ".cache" / "wheelhouse", recipe.hardware.cpu.arch)
         if got is None:
@@ -183,6 +188,7 @@ def prepare_context(
                 "DS4_WHEELHOUSE=DIR",
             )
         wanted[got.name] = got
+    wanted.update(locked)
     for name, src in wanted.items():
         changed |= _place(src, wheelhouse / name, link=True)
     for stale in wheelhouse.glob("*.whl"):
@@ -205,12 +211,25 @@ def prepare_context(
 
 def context_digest(recipe: Recipe, dest: Path) -> str:
     """sha256 identifying what an image built from `dest` contains: Dockerfile and CA bytes, wheel names and
-    sizes (wheels are immutable by name), and the recipe's build args. Stored as the image label
-    ``io.ds4deploy.context-sha256``; the deploy rebuilds whenever the label differs."""
+    sizes (wheels are immutable by name), the recipe's build args and the locked artifact digests
+    (`build_args`). Stored as the image label ``io.ds4deploy.context-sha256``; the deploy rebuilds whenever the
+    label differs."""
     h = hashlib.sha256()
     for f in sorted(p for p in dest.iterdir() if p.is_file()):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
     for whl in sorted((dest / "wheelhouse").glob("*.whl")):
         h.update(f"{whl.name}:{whl.stat().st_size}\0".encode())
-    h.update(json.dumps(recipe.engine.image.build_args, sort_keys=True).encode())
+    h.update(json.dumps(build_args(recipe), sort_keys=True).encode())
     return h.hexdigest()
+
+
+def build_args(recipe: Recipe) -> dict[str, str]:
+    """The build arguments of the recipe's image: `Recipe.image_build_args` with each locked artifact's
+    ``<NAME>_SHA256`` from recipes/<name>.lock.json (`ds4deploy.artifacts.locked_build_args`).
+
+    Raises:
+        UserError: an artifact of the build has no lock, or the recipe pins another sha256 than the lock.
+    """
+    from ds4deploy.artifacts import locked_build_args
+
+    return {**recipe.image_build_args, **locked_build_args(recipe)}

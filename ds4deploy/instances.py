@@ -1,4 +1,11 @@
-"""Engine instances per node for CPU-expert recipes (one per NUMA node, pinned with numactl)."""
+"""Engine replicas per node for CPU-expert recipes: how many engine instances one node runs.
+
+An "instance" (the recipe's ``instances:`` section) is one engine replica: a complete copy of the model served by
+its own vLLM process on its own port (``serving.port + i``), bound to NUMA node i with ``numactl --membind=i
+--cpunodebind=i`` so its CPU threads and the expert weights it keeps in system RAM stay on that node's local
+memory. At most one replica per NUMA node; the replicas share nothing (no tensor or pipeline parallelism between
+them), each is its own API endpoint (`ds4deploy.render.node_files`).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +15,12 @@ GIB_PER_GB = 1e9 / 2**30  # 1 GB = 0.9313 GiB
 
 
 def instance_count(r: Recipe) -> tuple[int, str]:
-    """How many engine instances a CPU-expert recipe runs on one node, and why.
+    """How many engine replicas (instances, one per NUMA node at most) a CPU-expert recipe runs on one node, and why.
 
     count = min(NUMA nodes whose RAM holds one instance (instance i is bound to NUMA node i, so at most one per
     node), floor(1 / gpu_memory_utilization) (vLLM reserves that fraction of each GPU per instance),
-    floor(GPU memory / VRAM per instance), instances.max_count). Sizes: RAM in GB (SEEDS C states ~170 GB per
-    instance), GPU memory in GiB.
+    floor(GPU memory / VRAM per instance), instances.max_count). Sizes: RAM in GB (docs/sources.md#rtx3090-xeon: ~170 GB
+    per instance), GPU memory in GiB.
     """
     i, h = r.instances, r.hardware
     if i is None:

@@ -6,8 +6,9 @@ A manifest is JSON committed next to the recipe (``recipes/<name>.manifest.json`
 
 Sizes are bytes. Each file carries ``sha256`` or, for small files of a hub repository whose metadata records only
 their git object id, ``git_sha1`` (sha1 of ``b"blob <size>\0" + content``, as git computes it).
-Hub manifests also record ``repo_id`` and ``revision``, the full 40-hex commit the hub resolved the recipe's pin
-to (`ds4deploy.hub.hub_manifest`); `ds4deploy.fetch` downloads exactly that commit.
+Hub manifests also record ``repo_id`` and ``revision``, the full 40-hex commit the recipe's pin resolves to
+(`ds4deploy.hub.hub_manifest`); `ds4deploy.fetch` downloads exactly that commit. ``source: local`` manifests list the
+sha256 of the user's own files. `ds4deploy.model_lock` builds and records manifests (`ds4deploy model lock`).
 `verify_dir` re-hashes every listed file (in parallel, `ds4deploy.verify`); any missing, wrong-size or different
 file fails. `check_manifest` refuses a manifest whose shape or file names are unsafe before anything is written.
 """
@@ -36,13 +37,6 @@ def sha256_file(path: Path) -> str:
     return hash_path(path, "sha256")
 
 
-def git_sha1_file(path: Path) -> str:
-    """Git blob object id of a file: sha1 over ``b"blob <size>\0"`` followed by the content."""
-    from ds4deploy.verify import hash_path
-
-    return hash_path(path, "git_sha1")
-
-
 def manifest_of_files(recipe: Recipe, files: dict[str, bytes]) -> dict:
     """Manifest dict for in-memory file contents (used for the deterministic generated model)."""
     return {
@@ -65,13 +59,13 @@ def load_manifest(recipe: Recipe) -> dict:
     if not path.is_file():
         raise UserError(
             f"no model manifest for recipe '{recipe.name}' ({path} is missing)",
-            f"create it with `ds4deploy model manifest {recipe.name} --write` and commit it",
+            f"create it with `ds4deploy model lock {recipe.base_name}` (local models: add --from PATH) and commit it",
         )
     try:
         manifest = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as exc:
         raise UserError(f"{path} is not valid JSON: {exc}",
-                        f"rebuild it with `ds4deploy model manifest {recipe.name} --write`") from None
+                        f"rebuild it: delete it and run `ds4deploy model lock {recipe.base_name}`") from None
     check_manifest(manifest, str(path))
     return manifest
 
@@ -90,7 +84,7 @@ def check_manifest(manifest: dict, where: str = "the manifest") -> None:
     """
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(files, dict) or not files:
-        raise UserError(f"{where} lists no files", "rebuild it with `ds4deploy model manifest <recipe> --write`")
+        raise UserError(f"{where} lists no files", "rebuild it: delete it and run `ds4deploy model lock <recipe>`")
     for name, entry in files.items():
         parts = PurePosixPath(name).parts
         if (not name or name.startswith("/") or "\\" in name or any(p in ("..", ".") for p in parts)

@@ -14,8 +14,39 @@ def url_host(addr: str) -> str:
 
 
 def base_url(addr: str, port: int) -> str:
-    """``http://<addr>:<port>`` with IPv6 bracketed; the unspecified address (0.0.0.0, ::) maps to loopback."""
-    ip = ipaddress.ip_address(addr)
+    """``http://<addr>:<port>`` with IPv6 bracketed; the unspecified address (0.0.0.0, ::) maps to loopback. `addr`
+    may be a host name (``gx10-a.lan``), used as is."""
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return f"http://{addr}:{port}"
     if ip.is_unspecified:
         addr = "127.0.0.1" if ip.version == 4 else "::1"
     return f"http://{url_host(addr)}:{port}"
+
+
+def listens_only_on(listening: list[str], address: str, port: int) -> tuple[bool, list[str]]:
+    """Whether TCP `port` is bound exactly where the recipe says, from testinfra's ``get_listening_sockets()``.
+
+    Args:
+        listening: socket URLs as testinfra lists them (``tcp://0.0.0.0:8000``, ``tcp://:::8000``, ``unix://...``).
+        address: the recipe's ``serving.bind_address``.
+        port: the published port.
+    Returns:
+        (ok, the ``tcp://`` entries on `port`). A dual-stack ``::`` bind is one socket that ``ss`` prints as
+        ``*:<port>`` and testinfra lists twice, as ``tcp://:::<port>`` and ``tcp://0.0.0.0:<port>``
+        (testinfra ``modules/socket.py``, ``if host == "*"``): for ``::`` those two entries are the one bind.
+        Every other address must be the only entry.
+    """
+    bound = [s for s in listening if s.startswith("tcp://") and s.rsplit(":", 1)[-1] == str(port)]
+    hosts = set()
+    for entry in bound:
+        host = entry.removeprefix("tcp://").rsplit(":", 1)[0]
+        try:
+            hosts.add(ipaddress.ip_address(host))
+        except ValueError:
+            hosts.add(host)
+    want = ipaddress.ip_address(address)
+    if want == ipaddress.ip_address("::"):
+        return hosts in ({want}, {want, ipaddress.ip_address("0.0.0.0")}), bound  # noqa: S104 (read, not bound)
+    return hosts == {want} and len(bound) == 1, bound

@@ -6,10 +6,15 @@ A multi-node recipe (``hardware.nodes > 1``) is deployed to an inventory whose h
     ds4_host_ip: 10.0.0.1     # this node's address on the inter-node network; default: its first rail's address
 
 `plan` validates that inventory against the recipe before anything is started and returns one `Node` per host,
-with the launch facts its compose file needs (DS4_NODE_RANK, DS4_MASTER_ADDR, DS4_HOST_IP). Why each check exists:
+with the launch facts its compose file needs. "Launch facts" are a node's per-node environment: the variables
+that differ between the nodes of one deployment and are written to each node's ``.env`` for docker compose
+(DS4_NODE_RANK, the node's rank in the tensor/pipeline-parallel group; DS4_MASTER_ADDR, the head's address for the
+torch.distributed rendezvous; DS4_HOST_IP, the node's own address; on a fabric, DS4_NCCL_IB_HCA and
+DS4_SOCKET_IFNAME, the node's own HCA and interface names (`ds4deploy.node_fabric`: the inventory may override the
+recipe's per node); and DS4_NCCL_IB_GID_INDEX, resolved on the node). Why each check exists:
 
-- the worker binds the head's address unless each node gets its own VLLM_HOST_IP (SEEDS.md, GX10 system), so two
-  nodes with one address, or a node without one, are refused;
+- the worker binds the head's address unless each node gets its own VLLM_HOST_IP (docs/sources.md#sm121-nccl-env), so
+  two nodes with one address, or a node without one, are refused;
 - a node listed twice would be started twice on one machine, the second copy fighting the first for the GPUs and
   the master port; only recipes whose nodes are containers on a Docker network (``serving.network_mode: bridge``,
   the CI two-node CPU stack) may place two nodes on one machine;
@@ -22,8 +27,9 @@ import ipaddress
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ds4deploy import node_fabric
 from ds4deploy.errors import UserError
-from ds4deploy.preflight import load_inventory
+from ds4deploy.inventory import read_inventory
 from ds4deploy.recipe import Recipe
 
 
@@ -40,6 +46,9 @@ class Node:
         compose_file: the rendered file this node starts (``compose.head.yaml`` / ``compose.worker.yaml``).
         machine: where the node runs (ansible_host or the name), used to spot a machine listed twice.
         cpu_bind: cores this node's CPU engine binds to (inventory ``ds4_cpu_bind``; None = vLLM's "auto").
+        nccl_ib_hca: this node's NCCL_IB_HCA (its own HCA names, comma-separated); None without a fabric.
+        socket_ifname: this node's socket interface for NCCL, Gloo and torch (its first-rail netdev); None without
+            a fabric.
     """
 
     name: str
@@ -50,6 +59,8 @@ class Node:
     compose_file: str
     machine: str
     cpu_bind: str | None = None
+    nccl_ib_hca: str | None = None
+    socket_ifname: str | None = None
 
     def launch_env(self) -> dict[str, str]:
         """The per-node variables the rendered compose file requires (``${DS4_...:?}``); empty for ``single``."""
@@ -58,6 +69,10 @@ class Node:
         env = {"DS4_NODE_RANK": str(self.rank), "DS4_MASTER_ADDR": self.master_addr, "DS4_HOST_IP": self.host_ip}
         if self.cpu_bind is not None:
             env["DS4_CPU_BIND"] = self.cpu_bind
+        if self.nccl_ib_hca is not None:
+            env["DS4_NCCL_IB_HCA"] = self.nccl_ib_hca
+        if self.socket_ifname is not None:
+            env["DS4_SOCKET_IFNAME"] = self.socket_ifname
         return env
 
 
@@ -90,14 +105,16 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
 
     Args:
         recipe: a recipe with ``hardware.nodes > 1``.
-        hosts: host name -> host vars (`ds4deploy.preflight.load_inventory`).
+        hosts: host name -> host vars (`ds4deploy.inventory.read_inventory`).
     Returns:
         Nodes sorted by rank (head first).
     Raises:
         UserError: wrong node count, missing or duplicate rank, no head, a node without an address, two nodes
-        with one address, one machine listed twice (unless the recipe's nodes are containers).
+        with one address, one machine listed twice (unless the recipe's nodes are containers), wrong per-node
+        rail names (`ds4deploy.node_fabric.check_hosts`).
     """
     n = recipe.hardware.nodes
+    node_fabric.check_hosts(recipe, hosts)
     if n == 1:
         # A one-node recipe: every inventory host runs its own complete stack (compose.yaml).
         return [Node(name, 0, "single", "", "", "compose.yaml", name) for name in sorted(hosts)]
@@ -120,7 +137,7 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
         ranks[r] = name
     ips: dict[str, str] = {}
     machines: dict[str, str] = {}
-    nodes_by_rank: dict[int, tuple[str, str, str]] = {}
+    nodes_by_rank: dict[int, tuple[str, str, str, str | None, dict[str, str]]] = {}
     for r, name in sorted(ranks.items()):
         hv = hosts[name]
         ip = _host_ip(name, hv, recipe)
@@ -145,16 +162,18 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
                             "list each node once, with its own ansible_host")
         machines.setdefault(machine, name)
         bind = hv.get("ds4_cpu_bind")
-        nodes_by_rank[r] = (name, ip, machine, None if bind is None else str(bind))
+        fabric = node_fabric.launch_env(recipe, node_fabric.node_rails(recipe, name, hv, checked=True))
+        nodes_by_rank[r] = (name, ip, machine, None if bind is None else str(bind), fabric)
     master = nodes_by_rank[0][1]
     return [Node(name, r, "head" if r == 0 else "worker", ip, master,
-                 "compose.head.yaml" if r == 0 else "compose.worker.yaml", machine, bind)
-            for r, (name, ip, machine, bind) in sorted(nodes_by_rank.items())]
+                 "compose.head.yaml" if r == 0 else "compose.worker.yaml", machine, bind,
+                 fabric.get("DS4_NCCL_IB_HCA"), fabric.get("DS4_SOCKET_IFNAME"))
+            for r, (name, ip, machine, bind, fabric) in sorted(nodes_by_rank.items())]
 
 
 def plan_from_inventory(recipe: Recipe, inventory: Path) -> list[Node]:
     """`plan` for a YAML inventory file."""
-    return plan(recipe, load_inventory(inventory))
+    return plan(recipe, read_inventory(inventory).hosts)
 
 
 def as_facts(nodes: list[Node]) -> dict[str, dict]:

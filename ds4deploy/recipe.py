@@ -12,13 +12,15 @@ validation failure into a `UserError` naming the file, the key path, the bad val
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import ipaddress
+import json
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -31,17 +33,23 @@ from pydantic import (
 )
 
 from ds4deploy.errors import UserError
+from ds4deploy.secret_scan import find_secrets
+from ds4deploy.yamlio import load_strict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # $DS4_RECIPES_DIR points the tool at another recipe directory (tests, a site's private recipes).
 RECIPES_DIR = Path(os.environ.get("DS4_RECIPES_DIR") or REPO_ROOT / "recipes")
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+# An environment variable (POSIX: letters, digits, underscore, not starting with a digit) -> a one-line value: a
+# newline would inject a second variable wherever the environment is written as KEY=value lines.
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, Field(pattern=r"^[^\n\r\x00]*$", description="one line: no newline, carriage return or NUL")]
+Env = dict[EnvName, EnvValue]
+# A path on the node, also used as a compose default (${VAR:-path}): absolute, no '$', '}' or white space.
+NodePath = Annotated[str, Field(pattern=r"^/[^$}\s]*$")]
 # "<recipe>--<variant>" selects a named variant of a recipe (recipe.variants).
 VARIANT_SEP = "--"
-# Environment variables and engine flags that carry credentials: never allowed in a recipe (renders are committed).
-SECRET_ENV_KEYS = frozenset({"VLLM_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"})
-SECRET_FLAGS = frozenset({"api-key", "hf-token"})
 # Directories a key file must not sit in directly: the role makes the key's directory 0700.
 SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/opt", "/usr", "/tmp", "/srv"})  # noqa: S108
 
@@ -53,9 +61,9 @@ class Strict(BaseModel):
 
 
 class Source(Strict):
-    """Where a fact or number comes from: a seed system, an upstream issue, a datasheet."""
+    """Where a fact or number comes from: a section of docs/sources.md, an upstream issue, a datasheet."""
 
-    source: str = Field(min_length=3, description="seed system, upstream issue or datasheet the value comes from")
+    source: str = Field(min_length=3, description="docs/sources.md#<anchor>, upstream issue or datasheet")
 
 
 class CpuSpec(Strict):
@@ -107,19 +115,31 @@ class Hardware(Strict):
 
 
 class ImageSpec(Strict):
-    """The engine container image: built from images/<arch>/Dockerfile and tagged `repository:tag`."""
+    """The engine container image: built from images/<arch>/Dockerfile as `repository:<derived tag>`.
+
+    The tag and the build args that repeat the engine pin are derived (`Recipe.image_tag`,
+    `Recipe.image_build_args`), never written twice: `version_arg` names the build arg that receives
+    ``engine.version``, and ``TORCH_CUDA_ARCH_LIST`` comes from ``engine.torch_cuda_arch_list``. A recipe written
+    before that (an explicit `tag`, the pin repeated in `build_args`) still works as it reads: its tag is used as
+    is, and a repeated pin must equal the derived one.
+    """
 
     arch: Literal["cpu", "sm70", "sm86", "sm121"]
     repository: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
-    tag: str = Field(pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$")
-    base_image: str = Field(description="default FROM image; the build arg BASE_IMAGE overrides it")
-    build_args: dict[str, str] = Field(default_factory=dict)
+    base_image: str = Field(description="FROM image (build arg BASE_IMAGE; a local debootstrap base stands in for "
+                                        "debian:bookworm-slim where no registry is reachable)")
+    tag: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$",
+                            description="explicit tag (recipes written before tags were derived); default: derived")
+    version_arg: str | None = Field(default=None, pattern=r"^[A-Z][A-Z0-9_]*$",
+                                    description="build arg that receives engine.version (git- prefix removed)")
+    build_args: Env = Field(default_factory=dict)
     user: str = Field(default="0:0", description="uid:gid the engine runs as inside the container")
 
 
 class CudaToolkit(Strict):
-    """CUDA versions inside the image. nvcc, the runtime headers and cudart must be one toolkit (SEEDS C pitfall 2:
-    nvcc 13.2 with 13.0 headers fails with CCCL "compiler and toolkit headers are incompatible")."""
+    """CUDA versions inside the image. nvcc, the runtime headers and cudart must be one toolkit
+    (docs/sources.md#cuda-toolkit-match: nvcc 13.2 with 13.0 headers fails with CCCL "compiler and toolkit headers are
+    incompatible")."""
 
     nvcc: str
     headers: str
@@ -144,22 +164,11 @@ class Engine(Strict):
                          description="release version, or git-<40-hex commit> for a fork without releases")
     image: ImageSpec
     entrypoint: list[str] = Field(min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
+    env: Env = Field(default_factory=dict)
     fork_only_flags: list[str] = Field(
         default_factory=list,
         description="flags this engine fork accepts that stock vLLM's parser does not",
     )
-
-    @field_validator("env")
-    @classmethod
-    def _no_secrets_in_env(cls, v: dict[str, str]) -> dict[str, str]:
-        for key in v:
-            if key in SECRET_ENV_KEYS:
-                raise ValueError(
-                    f"{key} must not be set in the recipe (it would be rendered into committed files); "
-                    "use serving.auth.mode: api_key, which keeps the key in a 0600 file outside the repo"
-                )
-        return v
 
 
 class GeneratorSpec(Strict):
@@ -178,8 +187,9 @@ class GeneratorSpec(Strict):
 
 class Model(Strict):
     """The served model. `source: generated` builds the tiny checkpoint locally; `hub` fetches `repo_id@revision`;
-    `local` means the operator places the files in `path` on every node (a checkpoint no hub serves at a pinned
-    revision), and the deploy checks them against the committed manifest.
+    `local` is a checkpoint no hub serves at a pinned revision (e.g. a GGUF in parts): `ds4deploy model lock
+    --from` records its manifest, and the deploy copies it from the control host (MODEL_FROM=) or finds it in
+    `path` on every node, checking each node's copy against the committed manifest (`ds4deploy.model_lock`).
 
     `path` is the directory on each node that holds the model; it is mounted read-only into the container.
     """
@@ -187,13 +197,19 @@ class Model(Strict):
     source: Literal["generated", "hub", "local"]
     repo_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
     revision: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$",
-                                 description="commit; preflight rule model-pin asks for the full 40-hex form")
+                                 description="commit, or a 7-39 hex prefix of one: `ds4deploy model lock` resolves it "
+                                 "against the repository's commits and records the full commit in the manifest")
     generator: GeneratorSpec | None = None
     served_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    aliases: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]] = Field(
+        default_factory=list,
+        description="further names the server answers to (vLLM --served-model-name takes several; the first, "
+                    "served_name, is the one responses report), e.g. the model names a coding agent asks for",
+    )
     dtype: Literal["auto", "float16", "bfloat16", "float32", "half"]
     quantization: str | None = None
     size_on_disk_gb: float = Field(gt=0, description="GB (10**9 bytes)")
-    path: str = Field(pattern=r"^/")
+    path: NodePath
 
     @model_validator(mode="after")
     def _source_fields(self) -> Model:
@@ -240,7 +256,7 @@ class Auth(Strict):
     (VLLM_API_KEY), never on its command line."""
 
     mode: Literal["none", "api_key"]
-    key_file: str | None = Field(default=None, pattern=r"^/[^\s]+\.env$")
+    key_file: str | None = Field(default=None, pattern=r"^/[^$}\s]+\.env$")
 
     @field_validator("key_file")
     @classmethod
@@ -256,8 +272,52 @@ class Auth(Strict):
         return v
 
 
+class FrontDoor(Strict):
+    """The authenticating reverse proxy (nginx, docs/front-door.md) in front of the engine, a service of the same
+    compose stack. It publishes ``serving.bind_address:serving.port``; the engine listens only where the proxy
+    reaches it: on the compose network (bridge networking) or on ``127.0.0.1:engine_port`` (host networking).
+
+    `allow` lists the exact paths served without the key (default: ``/health``, for load balancers and the
+    compose healthcheck); every other path needs ``Authorization: Bearer <key>`` or ``x-api-key: <key>``.
+    `max_body_mib` caps a request body (MiB); unset, it is derived from the context (`Recipe.max_body_mib`).
+    `read_timeout_s` is how long the proxy waits between two reads from the engine: it must outlast the longest
+    silent stretch of a request, a long prefill before the first token or a whole non-streamed answer.
+    """
+
+    engine_port: int | None = Field(default=None, ge=1, le=65535,
+                                    description="host networking: loopback port of the engine behind the proxy")
+    allow: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")]] = Field(default_factory=lambda: ["/health"])
+    max_body_mib: int | None = Field(default=None, ge=1, description="largest request body, MiB")
+    read_timeout_s: int = Field(default=3600, ge=10, description="seconds between two reads from the engine")
+
+
+class CodingAgent(Strict):
+    """The recipe serves a coding agent (Claude Code, an OpenAI-API agent): what one of its requests needs.
+
+    `output_tokens` is the agent's own max_tokens (Claude Code sends 32,000), `prompt_tokens` the prompt it sends
+    before any work (system prompt and tool definitions), `thinking` whether it asks for reasoning (a ``thinking``
+    block). The preflight rule ``coding-agent-fit`` requires a context holding both and a reasoning parser when
+    thinking is asked for.
+    """
+
+    output_tokens: int = Field(ge=1)
+    prompt_tokens: int = Field(ge=1)
+    thinking: bool = False
+    source: str = Field(min_length=3)
+
+
 class Serving(Strict):
-    """How the API is exposed and what the engine schedules."""
+    """How the API is exposed and what the engine schedules.
+
+    `default_max_tokens` is the server-side output cap (vLLM's ``--override-generation-config
+    '{"max_new_tokens": N}'``): what a request that sets no max_tokens generates at most (without it such a request
+    runs to the end of the context; preflight rule ``output-cap``), and in vLLM 0.32 also the most any request may
+    generate, whatever max_tokens it asks for (the chat and completion servers take the smaller of the two:
+    vllm/entrypoints/openai/chat_completion/serving.py ``override_max_tokens``, entrypoints/serve/utils/api_utils.py
+    ``get_max_tokens``), so it must hold a coding agent's own max_tokens (rule ``coding-agent-fit``).
+    `front_door` puts the authenticating proxy in front of the engine (required when the clients are not on
+    loopback).
+    """
 
     bind_address: str
     port: int = Field(ge=1, le=65535)
@@ -274,6 +334,9 @@ class Serving(Strict):
     enable_auto_tool_choice: bool = False
     enable_prefix_caching: bool | None = None
     auth: Auth
+    default_max_tokens: int | None = Field(default=None, ge=1, description="output cap without max_tokens, tokens")
+    front_door: FrontDoor | None = None
+    coding_agent: CodingAgent | None = None
     extra_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="further engine flags, name without leading dashes -> value (true = bare flag)",
@@ -285,14 +348,19 @@ class Serving(Strict):
         ipaddress.ip_address(v)
         return v
 
-    @field_validator("extra_args")
+    @model_validator(mode="before")
     @classmethod
-    def _no_secret_flags(cls, v: dict) -> dict:
-        for name in v:
-            if name.lstrip("-") in SECRET_FLAGS:
-                raise ValueError(f"--{name.lstrip('-')} must not be in the recipe (it would be rendered into "
-                                 "committed files and shown in the engine's argv); use serving.auth.mode: api_key")
-        return v
+    def _front_door_when_exposed(cls, data: Any) -> Any:
+        """A recipe whose clients are not on loopback gets the front door with its defaults when it names none
+        (issue of exposure, docs/front-door.md); an explicit ``front_door: null`` there is refused below."""
+        if isinstance(data, dict) and "front_door" not in data:
+            try:
+                exposed = not ipaddress.ip_address(str(data.get("bind_address"))).is_loopback
+            except ValueError:
+                return data  # the field validator names the bad address
+            if exposed:
+                return {**data, "front_door": {}}
+        return data
 
     @model_validator(mode="after")
     def _auth_when_exposed(self) -> Serving:
@@ -301,6 +369,17 @@ class Serving(Strict):
                 f"serving.bind_address {self.bind_address} is not loopback, so serving.auth.mode must be "
                 "'api_key' (an open port would serve anyone on the network)"
             )
+        if not ipaddress.ip_address(self.bind_address).is_loopback and self.front_door is None:
+            raise ValueError(
+                f"serving.bind_address {self.bind_address} is not loopback, so the engine must sit behind the front "
+                "door: add serving.front_door (vLLM's own key check leaves routes such as /invocations, /tokenize "
+                "and /metrics open; docs/front-door.md)"
+            )
+        if self.front_door is not None and self.auth.mode != "api_key":
+            raise ValueError("serving.front_door checks the API key: set serving.auth.mode to 'api_key'")
+        if "served-model-name" in self.extra_args:
+            raise ValueError("serving.extra_args sets --served-model-name, which the deploy derives from "
+                             "model.served_name and model.aliases: set those instead")
         return self
 
 def _cidr(v: str) -> str:
@@ -365,8 +444,8 @@ class Fabric(Strict):
     @model_validator(mode="after")
     def _hcas_on_one_rail(self) -> Fabric:
         """Every NCCL_IB_HCA entry belongs to exactly one rail: the deploy resolves each HCA's RoCE v2 GID index
-        against its rail's address (`ds4deploy.checks.fabric.launch_env`), so an HCA on no rail has no address to
-        resolve and one on two rails has two (shared/UPSTREAM.md sm121 GID resolution)."""
+        against its rail's address (the module ansible/library/ds4_gid_index.py), so an HCA on no rail has no
+        address to resolve and one on two rails has two (docs/sources.md#gid-resolution)."""
         rails_of: dict[str, list[str]] = {}
         for rail in self.rails:
             for hca in rail.hcas:
@@ -397,7 +476,8 @@ class MemoryBudget(Strict):
     ranks, plus KV cache and runtime overhead per GPU (GiB)."""
 
     weights_on_gpu_gb: float = Field(ge=0)
-    kv_cache_gib_per_gpu: float = Field(ge=0)
+    # Unset when the recipe fixes the KV allocation with serving.extra_args.kv-cache-memory-bytes (one source).
+    kv_cache_gib_per_gpu: float | None = Field(default=None, ge=0)
     overhead_gib_per_gpu: float = Field(ge=0)
     source: str = Field(min_length=3)
 
@@ -479,6 +559,14 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
+        gen = self.model.generator
+        if self.model.source == "generated" and gen is not None:
+            from ds4deploy.model_config import context_problem, head_dim_problem
+
+            problem = (context_problem(self.serving.max_model_len, gen.model_dump(), "model.generator")
+                       or head_dim_problem(gen.model_dump(), self.engine.image.arch, "model.generator"))
+            if problem:
+                raise ValueError(problem)
         if self.fabric is not None:
             derived = {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"}
             twice = sorted(derived & set(self.engine.env))
@@ -488,6 +576,18 @@ class Recipe(Strict):
         if {"nnodes", "master-port"} & set(self.serving.extra_args) and self.fabric is not None:
             raise ValueError("serving.extra_args sets nnodes/master-port, which come from hardware.nodes and "
                              "fabric.master_port: remove them")
+        given = self.engine.image.build_args
+        clash = sorted(f"{k}={given[k]!r} (derived: {v!r})" for k, v in self._derived_build_args().items()
+                       if k in given and given[k] != v)
+        if clash:
+            raise ValueError(f"engine.image.build_args sets {', '.join(clash)}, which is derived from the engine pin "
+                             "(engine.version via engine.image.version_arg, engine.torch_cuda_arch_list): remove it "
+                             "from build_args (it is written once, in the engine section)")
+        if self.memory is not None:
+            fixed = "kv-cache-memory-bytes" in self.serving.extra_args
+            if fixed == (self.memory.kv_cache_gib_per_gpu is not None):
+                raise ValueError("the KV cache per GPU is written exactly once: memory.kv_cache_gib_per_gpu (an "
+                                 "estimate) or serving.extra_args.kv-cache-memory-bytes (a fixed allocation)")
         if self.parallelism.nodes != self.hardware.nodes:
             raise ValueError(
                 f"parallelism.nodes={self.parallelism.nodes} differs from hardware.nodes={self.hardware.nodes}"
@@ -506,7 +606,41 @@ class Recipe(Strict):
         elif p.data != 1 or p.master_port is not None or self.container.node_network is not None:
             raise ValueError("parallelism.data, parallelism.master_port and container.node_network are for "
                              "multi-node recipes (hardware.nodes > 1)")
+        if self.serving.front_door is not None and (self.instances is not None or self.container.node_network):
+            raise ValueError("serving.front_door fronts one engine API on its node: not yet with several engine "
+                             "instances (instances) or node containers on one Docker network (container.node_network)")
         return self
+
+    @property
+    def kv_cache_gib_per_gpu(self) -> float | None:
+        """KV cache per GPU in GiB: the fixed ``--kv-cache-memory-bytes`` (bytes / 2**30) when the recipe sets
+        it, else ``memory.kv_cache_gib_per_gpu``; None without a memory budget."""
+        fixed = self.serving.extra_args.get("kv-cache-memory-bytes")
+        if fixed is not None:
+            return int(fixed) / 2**30
+        return self.memory.kv_cache_gib_per_gpu if self.memory is not None else None
+
+    @property
+    def engine_port(self) -> int:
+        """Port the engine listens on: ``front_door.engine_port`` behind the front door; unset there, ``serving.port``
+        with bridge networking (the engine's own network namespace) and ``serving.port + 1`` with host networking
+        (the proxy holds serving.port on the host); ``serving.port`` without a front door."""
+        fd = self.serving.front_door
+        if fd is None:
+            return self.serving.port
+        if fd.engine_port is not None:
+            return fd.engine_port
+        return self.serving.port + 1 if self.serving.network_mode == "host" else self.serving.port
+
+    @property
+    def max_body_mib(self) -> int:
+        """Largest request body the front door accepts, MiB: ``front_door.max_body_mib``, else 16 bytes per token of
+        the context (about 4 bytes of text per token, OpenAI's tokenizer guide, times 4 for JSON escaping and
+        message structure), at least 1 MiB."""
+        fd = self.serving.front_door
+        if fd is not None and fd.max_body_mib is not None:
+            return fd.max_body_mib
+        return max(1, -(-self.serving.max_model_len * 16 // 2**20))
 
     @property
     def master_port(self) -> int | None:
@@ -516,9 +650,38 @@ class Recipe(Strict):
     _source: Path | None = PrivateAttr(default=None)
 
     @property
+    def image_build_args(self) -> dict[str, str]:
+        """Every build arg of the engine image: ``engine.image.build_args`` plus those derived from the engine pin
+        (``engine.image.version_arg`` = engine.version without its ``git-`` prefix, ``TORCH_CUDA_ARCH_LIST`` =
+        engine.torch_cuda_arch_list), sorted by name."""
+        args = dict(self.engine.image.build_args)
+        args.update(self._derived_build_args())
+        return dict(sorted(args.items()))
+
+    def _derived_build_args(self) -> dict[str, str]:
+        out = {}
+        if self.engine.image.version_arg:
+            out[self.engine.image.version_arg] = self.engine.version.removeprefix("git-")
+        if self.engine.torch_cuda_arch_list:
+            out["TORCH_CUDA_ARCH_LIST"] = self.engine.torch_cuda_arch_list
+        return out
+
+    @property
+    def image_tag(self) -> str:
+        """``<engine.name>-<version>-<12 hex>``: the engine pin and the first 12 hex of the sha256 of everything the
+        build takes from the recipe (arch, base image, `image_build_args`), so a changed pin or build arg is a new
+        tag and a stale image is never reused under an old one. Docker tag grammar: [A-Za-z0-9_.-], 128 chars.
+        An explicit ``engine.image.tag`` wins (recipes written before tags were derived)."""
+        if self.engine.image.tag:
+            return self.engine.image.tag
+        body = json.dumps([self.engine.image.arch, self.engine.image.base_image, self.image_build_args])
+        version = self.engine.version.removeprefix("git-")[:12].replace("+", "_")
+        return f"{self.engine.name}-{version}-{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
+    @property
     def image_ref(self) -> str:
-        """``repository:tag`` of the engine image."""
-        return f"{self.engine.image.repository}:{self.engine.image.tag}"
+        """``repository:tag`` of the engine image (`image_tag`)."""
+        return f"{self.engine.image.repository}:{self.image_tag}"
 
     @property
     def base_name(self) -> str:
@@ -559,6 +722,14 @@ def _allowed(err: dict[str, Any]) -> str:
     return err["msg"]
 
 
+def _split_path(hit: str) -> list[str | int]:
+    """The key path of a `find_secrets` hit (``engine.entrypoint[4]: ...``) as a list for `StrictYaml.line_of`."""
+    out: list[str | int] = []
+    for part in re.findall(r"[^.\[\]]+|\[\d+\]", hit.split(":", 1)[0]):
+        out.append(int(part[1:-1]) if part.startswith("[") else part)
+    return out
+
+
 def resolve_recipe_path(name_or_path: str) -> Path:
     """Map a recipe name (``cpu``) or a path to the YAML file.
 
@@ -591,17 +762,18 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     if VARIANT_SEP in name and "/" not in name and not (RECIPES_DIR / f"{name}.yaml").is_file():
         name, variant = name.split(VARIANT_SEP, 1)
     path = resolve_recipe_path(name)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(
-            f"{path}: not valid YAML{where}: {getattr(exc, 'problem', exc)}",
-            "fix the YAML syntax (yamllint shows the spot)",
-        ) from None
+    doc = load_strict(path)
+    data = _extended(path, doc.data, ())
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
+    secrets = find_secrets(data)
+    if secrets:
+        raise UserError(
+            f"{path}: the recipe holds credentials, which would land in committed files and renders:\n  "
+            + "\n  ".join(f"{s} (line {doc.line_of(tuple(_split_path(s)))})" for s in secrets),
+            "remove them; the API key belongs in the key file (serving.auth.mode: api_key writes it outside the "
+            "repo, mode 0600), a hub token in HF_TOKEN on the control host at deploy time",
+        )
     if variant is not None:
         data = _apply_variant(path, data, variant)
     try:
@@ -612,8 +784,10 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
             value = f" = {err.get('input')!r}" if shown else ""
             allowed = _allowed(err)  # a validator's own message already says what is allowed: not twice
-            lines.append(f"  {_fmt_loc(err['loc'])}{value}: {err['msg']}" + (f" ({allowed})" if allowed != err["msg"]
-                                                                             else ""))
+            line = doc.line_of(err["loc"]) if variant is None else None
+            at = f" (line {line})" if line else ""
+            lines.append(f"  {_fmt_loc(err['loc'])}{value}{at}: {err['msg']}"
+                         + (f" ({allowed})" if allowed != err["msg"] else ""))
         raise UserError(
             f"{path}: {len(lines)} problem(s) in the recipe:\n" + "\n".join(lines),
             f"edit {path} as listed above; recipes/cpu.yaml is a valid example",
@@ -629,14 +803,49 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     return recipe
 
 
+def merge(base: Any, child: Any) -> Any:
+    """`child` over `base`, the merge `extends:` applies: mappings merge key by key (recursively), a key set to
+    ``null`` in `child` is removed, anything else (lists, scalars) in `child` replaces `base`'s value."""
+    if not isinstance(base, dict) or not isinstance(child, dict):
+        return copy.deepcopy(child)
+    out = copy.deepcopy(base)
+    for k, v in child.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge(out.get(k), v) if k in out else copy.deepcopy(v)
+    return out
+
+
+def _extended(path: Path, data: Any, seen: tuple[Path, ...]) -> Any:
+    """A recipe mapping with its ``extends: <recipe>`` applied: the named recipe (itself extended first) merged
+    under this one with `merge`. The base's ``variants`` are not inherited: a variant belongs to its own recipe.
+
+    Raises:
+        UserError: the base does not exist, or recipes extend each other in a cycle.
+    """
+    if not isinstance(data, dict) or "extends" not in data:
+        return data
+    base_name = data["extends"]
+    if not isinstance(base_name, str):
+        raise UserError(f"{path}: extends must name a recipe (a string), not {base_name!r}", "e.g. extends: cpu")
+    base_path = resolve_recipe_path(base_name)
+    if base_path.resolve() in seen or base_path.resolve() == path.resolve():
+        chain = " -> ".join(p.stem for p in (*seen, path, base_path))
+        raise UserError(f"{path}: recipes extend each other in a cycle ({chain})", "remove one of the extends:")
+    base = _extended(base_path, load_strict(base_path).data, (*seen, path.resolve()))
+    if not isinstance(base, dict):
+        raise UserError(f"{base_path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
+    base = {k: v for k, v in base.items() if k != "variants"}
+    return merge(base, {k: v for k, v in data.items() if k != "extends"})
+
+
 def _apply_variant(path: Path, data: dict, variant: str) -> dict:
     """The recipe mapping with variant `variant`'s dotted-path overrides applied, named ``<base>--<variant>``.
 
     Raises:
         UserError: no such variant, or an override path that is not in the recipe.
     """
-    import copy
-
     variants = data.get("variants") or {}
     if variant not in variants:
         known = ", ".join(sorted(variants)) or "(none)"

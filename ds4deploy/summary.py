@@ -27,9 +27,14 @@ def summary(name: str) -> str:
             f"-H \"Authorization: Bearer $KEY\" -H 'Content-Type: application/json' "
             f"-d '{{\"model\": \"{r.model.served_name}\", \"messages\": [{{\"role\": \"user\", \"content\": "
             f"\"Hello\"}}], \"max_tokens\": 32}}'",
-            "  Anthropic clients: send the key as a bearer token (Claude Code: ANTHROPIC_AUTH_TOKEN=<key>, "
-            f"ANTHROPIC_BASE_URL={url}); vLLM refuses the x-api-key header",
         ]
+        if s.front_door is not None:
+            lines.append("  front door:     the key on every route but " + ", ".join(s.front_door.allow)
+                         + f", as a bearer token or x-api-key (Claude Code: ANTHROPIC_BASE_URL={url} "
+                         "ANTHROPIC_API_KEY=<key>)")
+        else:
+            lines.append("  Anthropic clients: send the key as a bearer token (Claude Code: "
+                         f"ANTHROPIC_AUTH_TOKEN=<key>, ANTHROPIC_BASE_URL={url}); vLLM refuses the x-api-key header")
     else:
         lines.append("  API key:        none (bound to loopback only)")
     lines.append(f"  health:         curl -s {url}/health   |  make status  |  make logs  |  make down")

@@ -3,7 +3,7 @@
 Why a supervisor of our own, on the control host, and not Docker's restart policy or one systemd unit per node:
 a multi-node engine only recovers when the whole group restarts in the proven order (stop the head, stop the
 workers, start the workers, start the head). A worker restarted under a running head tears down the head's
-rendezvous; a restart policy sees one container and restarts it alone, forever (SEEDS.md GX10 system;
+rendezvous; a restart policy sees one container and restarts it alone, forever (docs/sources.md#worker-restart;
 docs/multinode-cpu.md measured the same on the CPU build). The order lives in the playbooks (ansible/restart.yml),
 so the supervisor only decides *when* and runs that playbook; it never starts containers itself. Run it as a
 service on the control host (`ds4deploy supervise <recipe> --inventory ...`; e.g. a systemd unit with
@@ -14,12 +14,19 @@ What counts as a failure, checked every `interval_s`:
 - ``engine-down``: a node's engine container is not running (exited, killed, removed);
 - ``unhealthy``: the head's GET /health fails or is not 200 `failures_to_restart` times in a row;
 - ``wedged``: /health answers but a one-token completion (the progress probe, every `probe_every_s`) gets no answer
-  within `probe_timeout_s`: the "API up, pair stuck" state of an NCCL timeout (SEEDS.md GX10 system).
+  within `probe_timeout_s`: the "API up, pair stuck" state of an NCCL timeout (docs/sources.md#nccl-timeout-wedge).
 
 Restarts back off exponentially (`backoff_s` doubling up to `backoff_max_s`) and stop after `max_restarts` within
 `window_s`: the supervisor then records ``gave-up`` and exits 3, so whatever runs it can alert a human. Every event
 is one JSON line in the journal (default /var/lib/ds4deploy/supervise/<recipe>.jsonl): time, event, reason,
-details, restart duration and outcome.
+details, restart duration and outcome. Before every restart the supervisor saves every node's logs and container
+states (`ds4deploy.incidents`); the ``failure`` and restart events name that incident folder and the earliest fatal
+line across the nodes.
+
+Start order across reboots and daemon restarts: the compose files of ordered stacks (several nodes, or replicas
+that share GPUs) carry ``restart: "no"`` (`ds4deploy.render.restart_policy`), so the Docker daemon never starts
+their engines at once; after a reboot or a daemon restart the engines are down, the supervisor sees
+``engine-down`` and runs the ordered start.
 """
 
 from __future__ import annotations
@@ -29,15 +36,16 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from ds4deploy.errors import UserError
+from ds4deploy.incidents import Incident, collect, docker_env, node_project
 from ds4deploy.nodes import Node, plan_from_inventory
 from ds4deploy.recipe import REPO_ROOT, Recipe
-from ds4deploy.render import node_project_name, project_name
 from ds4deploy.secrets import parse_env_file
 
 GAVE_UP_EXIT = 3
@@ -92,19 +100,16 @@ class Target:
     hosts: dict[str, dict] = field(default_factory=dict)
 
     def container_states(self) -> dict[str, str]:
-        """Node name -> state of its engine container ("running", "exited", "paused", "missing", ...).
+        """Node name -> state of its containers ("running" when all run, else the first other state: "exited",
+        "paused", "missing", ...): every engine replica and the front door count.
 
         Local nodes (ansible_connection: local) are asked through the local Docker daemon; remote ones through
         ``DOCKER_HOST=ssh://<ansible_host>`` (Docker's own ssh transport; needs the control host's ssh access).
         """
         out = {}
         for node in self.nodes:
-            hv = self.hosts.get(node.name, {})
-            env = dict(os.environ)
-            if hv.get("ansible_connection") != "local" and node.name not in ("localhost", "127.0.0.1"):
-                user = f"{hv['ansible_user']}@" if hv.get("ansible_user") else ""
-                env["DOCKER_HOST"] = f"ssh://{user}{hv.get('ansible_host', node.name)}"
-            project = project_name(self.recipe) if node.role == "single" else node_project_name(self.recipe, node.rank)
+            env = docker_env(node.name, self.hosts.get(node.name, {}))
+            project = node_project(self.recipe, node)
             try:
                 proc = subprocess.run(
                     ["docker", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
@@ -112,8 +117,11 @@ class Target:
             except (OSError, subprocess.TimeoutExpired) as exc:
                 out[node.name] = f"unknown ({exc})"
                 continue
+            # Every container of the node's project (the engine, and the front door on the head): the node is as
+            # good as its worst one.
             states = proc.stdout.split()
-            out[node.name] = states[0] if proc.returncode == 0 and states else (
+            worst = next((st for st in states if st != "running"), "running")
+            out[node.name] = worst if proc.returncode == 0 and states else (
                 "missing" if proc.returncode == 0 else f"unknown ({proc.stderr.strip()[:100]})")
         return out
 
@@ -140,10 +148,19 @@ class Target:
             return False, f"completion -> HTTP {r.status_code}"
         return True, f"one-token completion in {time.monotonic() - t0:.2f} s"
 
-    def restart(self, timeout_s: float, log: Path) -> tuple[bool, float]:
-        """Run ansible/restart.yml (stop head, stop workers, start workers, start head). Returns (ok, seconds)."""
+    def collect(self, reason: str) -> Incident:
+        """Save every node's engine logs and container states before the restart (`ds4deploy.incidents.collect`)."""
+        return collect(self.recipe, self.nodes, self.hosts, reason)
+
+    def restart(self, timeout_s: float, log: Path, incident: Path | None = None) -> tuple[bool, float]:
+        """Run ansible/restart.yml (stop head, stop workers, start workers, start head). Returns (ok, seconds).
+
+        `incident`: the folder already saved for this restart; the playbook then does not collect again.
+        """
         cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory),
                str(REPO_ROOT / "ansible" / "restart.yml"), "-e", f"recipe={self.recipe.name}"]
+        if incident is not None:
+            cmd += ["-e", f"ds4_incident_dir={incident}"]
         env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible" / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
         t0 = time.monotonic()
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -174,9 +191,9 @@ def make_target(recipe: Recipe, inventory: Path, url: str | None = None) -> Targ
     Raises:
         UserError: the inventory does not fit the recipe; the key file is unreadable.
     """
-    from ds4deploy.preflight import load_inventory
+    from ds4deploy.inventory import read_inventory
 
-    hosts = load_inventory(inventory)
+    hosts = read_inventory(inventory).hosts
     nodes = plan_from_inventory(recipe, inventory)
     key = None
     if recipe.serving.auth.mode == "api_key":
@@ -190,16 +207,20 @@ def make_target(recipe: Recipe, inventory: Path, url: str | None = None) -> Targ
 
 
 def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int | None = None,
-              sleep=time.sleep) -> int:
+              sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> int:
     """Watch `target` until interrupted; restart the group on failures. Returns the exit code (3 = gave up).
 
     Args:
+        target: what to watch and restart; anything with `Target`'s ``container_states``, ``health``,
+            ``progress``, ``collect`` and ``restart`` methods (tests pass a scripted fake).
         max_cycles: stop after this many checks (tests); None = forever.
+        sleep: waits the given seconds (`time.sleep`; tests pass one that advances their clock).
+        clock: monotonic seconds (`time.monotonic`); decides the restart window, probe cadence and stable period.
     """
     misses = 0
     restarts: list[float] = []
     backoff = policy.backoff_s
-    last_probe = 0.0
+    last_probe: float | None = None
     healthy_since: float | None = None
     log = journal.path.with_suffix(".restart.log")
     journal.write("start", recipe=target.recipe.name, url=target.url,
@@ -220,34 +241,45 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                     reason = "unhealthy"
             else:
                 misses = 0
-                now = time.monotonic()
-                if now - last_probe >= policy.probe_every_s:
+                now = clock()
+                if last_probe is None or now - last_probe >= policy.probe_every_s:
                     last_probe = now
                     progressed, pdetail = target.progress(policy.probe_timeout_s)
                     if not progressed:
                         reason, detail = "wedged", f"{detail}, but {pdetail}"
+            if reason is not None:
+                # A probe can take up to probe_timeout_s: a container that died meanwhile is the real cause, and
+                # a head whose worker died still answers /health (seen as "wedged" in CI before this re-read).
+                states = target.container_states()
+                down = {name: st for name, st in states.items() if st != "running"}
+                if down:
+                    reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
         if reason is None:
             if misses == 0:
-                healthy_since = healthy_since or time.monotonic()
-                if time.monotonic() - healthy_since >= policy.backoff_max_s:
+                healthy_since = clock() if healthy_since is None else healthy_since
+                if clock() - healthy_since >= policy.backoff_max_s:
                     backoff = policy.backoff_s  # stable again: forget the backoff
             sleep(policy.interval_s)
             continue
         healthy_since = None
-        now = time.monotonic()
+        now = clock()
         restarts = [t for t in restarts if now - t < policy.window_s]
         if len(restarts) >= policy.max_restarts:
             journal.write("gave-up", reason=reason, detail=detail,
                           restarts_in_window=len(restarts), window_s=policy.window_s)
             return GAVE_UP_EXIT
-        journal.write("failure", reason=reason, detail=detail, states=states)
+        incident = target.collect(f"supervisor: {reason} ({detail})")
+        journal.write("failure", reason=reason, detail=detail, states=states,
+                      incident=str(incident.dir) if incident.dir else None,
+                      fatal=incident.fatal.describe() if incident.fatal else None)
         restarts.append(now)
-        ok, took = target.restart(policy.restart_timeout_s, log)
+        ok, took = target.restart(policy.restart_timeout_s, log, incident.dir)
         journal.write("restarted" if ok else "restart-failed", reason=reason, seconds=round(took, 1),
-                      log=str(log))
+                      log=str(log), incident=str(incident.dir) if incident.dir else None)
         misses = 0
-        last_probe = time.monotonic()
+        last_probe = clock()
         if not ok:
+            journal.write("backoff", seconds=backoff)
             sleep(backoff)
             backoff = min(backoff * 2, policy.backoff_max_s)
     return 0

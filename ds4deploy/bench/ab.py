@@ -1,6 +1,6 @@
-"""`ds4deploy bench ab <A> <B>`: paired A/B of two server configurations with greedy decoding (issue 6, item 6).
+"""`ds4deploy bench ab <A> <B>`: paired A/B of two server configurations with greedy decoding.
 
-The V100 system (SEEDS.md A, "Method") accepted a tuning switch only after a paired A/B on the rig that gave
+The V100 system (docs/sources.md#v100x8-method) accepted a tuning switch only after a paired A/B on the rig that gave
 byte-identical greedy output (or a near tie). This command runs that A/B:
 
 - A and B are two running servers: a base URL (``http://127.0.0.1:8110``, key from ``--key-file`` /
@@ -13,7 +13,7 @@ byte-identical greedy output (or a near tie). This command runs that A/B:
 - Interleaved: pairs alternate the order, A then B, then B then A, ..., one request at a time, so host drift and
   warm-up effects hit both sides alike. One unrecorded warm-up request per side first.
 - Speed: per pair the ratios B/A of output tok/s (completion tokens / request latency, as in
-  ds4deploy/bench/stack.py: on a fast model the server packs several tokens per chunk, so a first-to-last-chunk
+  tools/benchval/stack.py: on a fast model the server packs several tokens per chunk, so a first-to-last-chunk
   rate swings; tokens over the whole request do not) and of TTFT. Reported: the median ratio, the min..max over
   pairs, and a bootstrap 95 % interval of the median (percentile bootstrap, `BOOTSTRAP_RESAMPLES` resamples of the
   pairs, seed 0).

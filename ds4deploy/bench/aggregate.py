@@ -8,7 +8,7 @@ time), ``{mean,median,std,p90,p99}_{ttft,tpot,e2el}_ms`` (milliseconds; TPOT = (
 the inverse of our per-session decode rate), ``input_lens``, ``output_lens``, ``ttfts``, ``latencies`` (s),
 ``errors``. Percentiles are numpy's linear interpolation, as in vLLM.
 
-Our own keys use the reference tables' words (SEEDS.md): ``aggregate_tok_s`` (= output_throughput),
+Our own keys use the reference tables' words (docs/sources.md): ``aggregate_tok_s`` (= output_throughput),
 ``per_session_tok_s`` and ``decode_tok_s`` (median per-request decode rate), ``prefill_tok_s`` (median),
 ``ttft_s`` (median).
 """

@@ -1,19 +1,19 @@
-"""GPU clock-cap sweep with its safety rules (issue 6, item 4; the reference table is SEEDS.md B's clock-cap table).
+"""GPU clock-cap sweep with its safety rules (the reference table is docs/sources.md#gx10-clock-caps).
 
-Rules, each from the issue text ("Clock sweep: record the original state first; between points wait until the GPU
-is below 70 C; stop the sweep above 84 C; always restore the original clocks, also on Ctrl-C, SIGTERM or a crash,
-and at the next start if a previous run died without restoring (a journal file). Never touches clocks unless the
-profile asks and the user confirms (`--yes`).") and SEEDS.md B ("Clock sweep safety: cool each point below 70 C,
-stop the sweep above 84 C, always restore the original cap"; a stray sweep there kept changing clocks under another
-benchmark: 92.5 vs 139.3 tok/s for the same case):
+Rules, each from the project's requirements for the sweep ("Clock sweep: record the original state first; between points
+wait until the GPU is below 70 C; stop the sweep above 84 C; always restore the original clocks, also on Ctrl-C, SIGTERM
+or a crash, and at the next start if a previous run died without restoring (a journal file). Never touches clocks unless
+the profile asks and the user confirms (`--yes`).") and the reference pair's practice
+(docs/sources.md#gx10-sweep-safety: cool each point below 70 C, stop the sweep above 84 C, always restore the original
+cap; a stray sweep there kept changing clocks under another benchmark: 92.5 vs 139.3 tok/s for the same case):
 
 1. Before anything changes, each GPU's original state (application clocks, default application clocks, power
    limit, default power limit) is read and written to a journal, ``<journal dir>/clock-journal-<gpu uuid>.json``
    (atomic: temporary file + fsync + rename). The journal dir is ``$DS4_CLOCK_JOURNAL_DIR``, default
    ``/var/lib/ds4deploy/bench``. NVML and nvidia-smi cannot read back an applied ``-lgc`` lock (there is no
-   getter); a host that runs with a standing lock (SEEDS A: V100 graphics clock locked at 1522 MHz; GB10 owners cap
-   at ``-lgc 0,2200`` against overheating) must name it with ``--restore-locked-clocks MIN,MAX``, else the sweep
-   ends with the driver default (``-rgc``) and says so before it starts.
+   getter); a host that runs with a standing lock (docs/sources.md#v100x8: V100 graphics clock locked at 1522 MHz; GB10
+   owners cap at ``-lgc 0,2200`` against overheating) must name it with ``--restore-locked-clocks MIN,MAX``, else the
+   sweep ends with the driver default (``-rgc``) and says so before it starts.
 2. Before each point: wait until every GPU is below `COOL_BELOW_C`; a GPU that does not cool within the profile's
    ``cool_timeout_s`` stops the sweep.
 3. During each point a watcher thread reads the temperatures every `WATCH_INTERVAL_S`; above `STOP_ABOVE_C` it
@@ -28,18 +28,17 @@ benchmark: 92.5 vs 139.3 tok/s for the same case):
 
 Control goes through a `ClockBackend`: `NvmlBackend` (nvmlDeviceSetGpuLockedClocks / ResetGpuLockedClocks,
 SetPowerManagementLimit, SetApplicationsClocks) or `SmiBackend` (``nvidia-smi -i N -lgc MIN,MAX`` / ``-rgc`` /
-``-pl W`` / ``-ac MEM,GR``). Both need root. Tests use an in-process fake with the same interface.
+``-pl W`` / ``-ac MEM,GR``), built on the bench's one GPU backend (`ds4deploy.bench.gpu`, shared with telemetry).
+Both need root. Tests use an in-process fake with the same interface. The sweep's table is
+`ds4deploy.bench.report.clock_table`, its plots `ds4deploy.bench.plots.write_sweep_plots`.
 """
 
 from __future__ import annotations
 
 import atexit
-import fcntl
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
@@ -51,9 +50,12 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from ds4deploy.bench.gpu import Nvml, Smi, open_gpu
+from ds4deploy.bench.report import atomic_write_text
 from ds4deploy.errors import UserError
+from ds4deploy.holder_lock import HolderLock
 
-# Issue 6 text and SEEDS.md B ("cool each point below 70 C, stop the sweep above 84 C"). Throttling started at
+# docs/sources.md#gx10-sweep-safety (cool each point below 70 C, stop the sweep above 84 C). Throttling started at
 # 82 C on that system, so 84 C is already past where the numbers stop meaning what the cap says.
 COOL_BELOW_C = 70
 STOP_ABOVE_C = 84
@@ -65,11 +67,11 @@ JOURNAL_SCHEMA = "ds4deploy-clock-journal/1"
 
 
 class ClockSweep(BaseModel):
-    """A profile's clock sweep: one point per entry of `caps_mhz` (None = no cap, the driver default; SEEDS B's
-    "none" row). At each point the graphics clock is locked to ``[floor_mhz, cap]`` (``nvidia-smi -lgc 0,<cap>`` is
-    the usual form and on GB10 the only clock lever, shared/UPSTREAM.md) and the profile's cells are measured.
-    `power_limit_w` (optional) is set for the whole sweep (SEEDS A ran at 150 W per card); GB10 reports no power
-    limit and refuses it."""
+    """A profile's clock sweep: one point per entry of `caps_mhz` (None = no cap, the driver default; the
+    "none" row of docs/sources.md#gx10-clock-caps). At each point the graphics clock is locked to ``[floor_mhz, cap]``
+    (``nvidia-smi -lgc 0,<cap>`` is the usual form and on GB10 the only clock lever, docs/sources.md#nvml-gb10) and the
+    profile's cells are measured. `power_limit_w` (optional) is set for the whole sweep (docs/sources.md#v100x8 ran at
+    150 W per card); GB10 reports no power limit and refuses it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -128,105 +130,65 @@ class ClockBackend(Protocol):
         ...
 
 
-class NvmlBackend:
+class NvmlBackend(Nvml):
     """NVML through nvidia-ml-py (needs root for the setters)."""
-
-    name = "nvml"
-
-    def __init__(self, pynvml) -> None:
-        self.nv = pynvml
-        self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-
-    def _opt(self, fn, *args):
-        try:
-            v = fn(*args)
-        except self.nv.NVMLError:
-            return None
-        return v.decode() if isinstance(v, bytes) else v
-
-    def _do(self, what: str, fn, *args) -> None:
-        try:
-            fn(*args)
-        except self.nv.NVMLError as exc:
-            raise UserError(f"NVML could not {what}: {exc}",
-                            "run as root; check `nvidia-smi -q -d CLOCK,POWER` for what the GPU supports") from None
 
     def gpus(self) -> list[tuple[int, str]]:
         """(index, uuid) of every GPU."""
-        return [(i, self._opt(self.nv.nvmlDeviceGetUUID, h)) for i, h in enumerate(self._handles)]
+        return [(i, self.get(self.nv.nvmlDeviceGetUUID, h)) for i, h in enumerate(self.handles)]
 
     def read_state(self, index: int) -> GpuState:
         """Application clocks (NVML_CLOCK_GRAPHICS/MEM) and power limit (mW -> W)."""
-        nv, h = self.nv, self._handles[index]
-        pl = self._opt(nv.nvmlDeviceGetPowerManagementLimit, h)
-        dpl = self._opt(nv.nvmlDeviceGetPowerManagementDefaultLimit, h)
+        nv, h = self.nv, self.handles[index]
+        pl = self.get(nv.nvmlDeviceGetPowerManagementLimit, h)
+        dpl = self.get(nv.nvmlDeviceGetPowerManagementDefaultLimit, h)
         return GpuState(
-            index=index, uuid=self._opt(nv.nvmlDeviceGetUUID, h), name=self._opt(nv.nvmlDeviceGetName, h),
-            app_graphics_mhz=self._opt(nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_GRAPHICS),
-            app_memory_mhz=self._opt(nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_MEM),
-            default_app_graphics_mhz=self._opt(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_GRAPHICS),
-            default_app_memory_mhz=self._opt(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_MEM),
+            index=index, uuid=self.get(nv.nvmlDeviceGetUUID, h), name=self.get(nv.nvmlDeviceGetName, h),
+            app_graphics_mhz=self.get(nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_GRAPHICS),
+            app_memory_mhz=self.get(nv.nvmlDeviceGetApplicationsClock, h, nv.NVML_CLOCK_MEM),
+            default_app_graphics_mhz=self.get(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_GRAPHICS),
+            default_app_memory_mhz=self.get(nv.nvmlDeviceGetDefaultApplicationsClock, h, nv.NVML_CLOCK_MEM),
             power_limit_w=pl / 1000.0 if pl is not None else None,
             default_power_limit_w=dpl / 1000.0 if dpl is not None else None)
 
     def temperature(self, index: int) -> int | None:
         """GPU temperature, C."""
-        return self._opt(self.nv.nvmlDeviceGetTemperature, self._handles[index], self.nv.NVML_TEMPERATURE_GPU)
+        return self.get(self.nv.nvmlDeviceGetTemperature, self.handles[index], self.nv.NVML_TEMPERATURE_GPU)
 
     def lock_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
         """nvmlDeviceSetGpuLockedClocks."""
-        self._do(f"lock GPU {index} clocks to {min_mhz}-{max_mhz} MHz", self.nv.nvmlDeviceSetGpuLockedClocks,
-                 self._handles[index], min_mhz, max_mhz)
+        self.do(f"lock GPU {index} clocks to {min_mhz}-{max_mhz} MHz", self.nv.nvmlDeviceSetGpuLockedClocks,
+                self.handles[index], min_mhz, max_mhz)
 
     def reset_locked_clocks(self, index: int) -> None:
         """nvmlDeviceResetGpuLockedClocks."""
-        self._do(f"reset GPU {index} locked clocks", self.nv.nvmlDeviceResetGpuLockedClocks, self._handles[index])
+        self.do(f"reset GPU {index} locked clocks", self.nv.nvmlDeviceResetGpuLockedClocks, self.handles[index])
 
     def set_power_limit(self, index: int, watts: float) -> None:
         """nvmlDeviceSetPowerManagementLimit (mW)."""
-        self._do(f"set GPU {index} power limit to {watts} W", self.nv.nvmlDeviceSetPowerManagementLimit,
-                 self._handles[index], round(watts * 1000))
+        self.do(f"set GPU {index} power limit to {watts} W", self.nv.nvmlDeviceSetPowerManagementLimit,
+                self.handles[index], round(watts * 1000))
 
     def set_app_clocks(self, index: int, memory_mhz: int, graphics_mhz: int) -> None:
         """nvmlDeviceSetApplicationsClocks."""
-        self._do(f"set GPU {index} application clocks", self.nv.nvmlDeviceSetApplicationsClocks,
-                 self._handles[index], memory_mhz, graphics_mhz)
+        self.do(f"set GPU {index} application clocks", self.nv.nvmlDeviceSetApplicationsClocks,
+                self.handles[index], memory_mhz, graphics_mhz)
 
 
-class SmiBackend:
-    """nvidia-smi: ``--query-gpu`` to read (parsed by ds4deploy.parsers.nvidia_smi), ``-lgc``/``-rgc``/``-pl``/``-ac``
-    to change."""
+class SmiBackend(Smi):
+    """nvidia-smi: ``--query-gpu`` to read, ``-lgc``/``-rgc``/``-pl``/``-ac`` to change."""
 
-    name = "nvidia-smi"
     FIELDS = ("index", "uuid", "name", "clocks.applications.graphics", "clocks.applications.memory",
               "clocks.default_applications.graphics", "clocks.default_applications.memory", "power.limit",
               "power.default_limit", "temperature.gpu")
 
-    def __init__(self, exe: str = "nvidia-smi") -> None:
-        self.exe = exe
-
-    def _run(self, *args: str) -> str:
-        try:
-            p = subprocess.run([self.exe, *args], capture_output=True, text=True, timeout=60, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise UserError(f"nvidia-smi {' '.join(args)} failed: {exc}", "check the NVIDIA driver") from None
-        if p.returncode != 0:
-            raise UserError(f"nvidia-smi {' '.join(args)} exited {p.returncode}: {(p.stdout + p.stderr).strip()[:300]}",
-                            "run as root; check `nvidia-smi -q -d CLOCK,POWER` for what the GPU supports")
-        return p.stdout
-
-    def _rows(self) -> list[dict]:
-        from ds4deploy.parsers.nvidia_smi import parse_query_gpu
-
-        return parse_query_gpu(self._run(f"--query-gpu={','.join(self.FIELDS)}", "--format=csv"), list(self.FIELDS))
-
     def gpus(self) -> list[tuple[int, str]]:
         """(index, uuid) of every GPU."""
-        return [(r["index"], r["uuid"]) for r in self._rows()]
+        return [(r["index"], r["uuid"]) for r in self.query(self.FIELDS)]
 
     def read_state(self, index: int) -> GpuState:
         """One ``--query-gpu`` row."""
-        r = next(r for r in self._rows() if r["index"] == index)
+        r = next(r for r in self.query(self.FIELDS) if r["index"] == index)
         return GpuState(index=index, uuid=r["uuid"], name=r.get("name"),
                         app_graphics_mhz=r.get("clocks_applications_graphics_mhz"),
                         app_memory_mhz=r.get("clocks_applications_memory_mhz"),
@@ -236,51 +198,29 @@ class SmiBackend:
 
     def temperature(self, index: int) -> int | None:
         """``temperature.gpu``, C."""
-        return next(r for r in self._rows() if r["index"] == index).get("temperature_gpu_c")
+        return next(r for r in self.query(self.FIELDS) if r["index"] == index).get("temperature_gpu_c")
 
     def lock_clocks(self, index: int, min_mhz: int, max_mhz: int) -> None:
         """``nvidia-smi -i N -lgc MIN,MAX``."""
-        self._run("-i", str(index), "-lgc", f"{min_mhz},{max_mhz}")
+        self.run("-i", str(index), "-lgc", f"{min_mhz},{max_mhz}")
 
     def reset_locked_clocks(self, index: int) -> None:
         """``nvidia-smi -i N -rgc``."""
-        self._run("-i", str(index), "-rgc")
+        self.run("-i", str(index), "-rgc")
 
     def set_power_limit(self, index: int, watts: float) -> None:
         """``nvidia-smi -i N -pl W``."""
-        self._run("-i", str(index), "-pl", f"{watts:g}")
+        self.run("-i", str(index), "-pl", f"{watts:g}")
 
     def set_app_clocks(self, index: int, memory_mhz: int, graphics_mhz: int) -> None:
         """``nvidia-smi -i N -ac MEM,GR``."""
-        self._run("-i", str(index), "-ac", f"{memory_mhz},{graphics_mhz}")
+        self.run("-i", str(index), "-ac", f"{memory_mhz},{graphics_mhz}")
 
 
 def open_backend() -> tuple[ClockBackend | None, str]:
-    """NVML if it loads and sees a GPU, else nvidia-smi if it runs, else (None, why)."""
-    why = []
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        b = NvmlBackend(pynvml)
-        if b.gpus():
-            return b, "nvml"
-        why.append("NVML sees no GPU")
-    except ImportError:
-        why.append("nvidia-ml-py not installed")
-    except Exception as exc:  # library not found, driver not loaded, ...
-        why.append(f"NVML: {exc}")
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        why.append("nvidia-smi not on PATH")
-    else:
-        try:
-            s = SmiBackend(exe)
-            if s.gpus():
-                return s, "nvidia-smi"
-        except UserError as exc:
-            why.append(f"nvidia-smi: {exc.cause}")
-    return None, "; ".join(why)
+    """NVML if it loads and sees a GPU, else nvidia-smi if it runs (`ds4deploy.bench.gpu.open_gpu`): (backend,
+    description), or (None, why neither works)."""
+    return open_gpu(NvmlBackend, SmiBackend)
 
 
 # ---------------------------------------------------------------------------------------------------- journal
@@ -297,8 +237,6 @@ def journal_path(d: Path, uuid: str) -> Path:
 
 
 def _atomic_write(path: Path, text: str) -> None:
-    from ds4deploy.bench.report import atomic_write_text
-
     atomic_write_text(path, text)
     dfd = os.open(path.parent, os.O_RDONLY)  # make the rename itself durable (a power cut right after a change)
     try:
@@ -376,41 +314,10 @@ def restore_gpu(backend: ClockBackend, j: Journal) -> list[str]:
     return [f"GPU {idx} ({o.uuid}): {w}" for w in done]
 
 
-class SweepLock:
-    """The host's clock-sweep flock (``<journal dir>/clock-sweep.lock``)."""
-
-    def __init__(self, d: Path) -> None:
-        self.path = d / "clock-sweep.lock"
-        self.fd: int | None = None
-
-    def acquire(self) -> bool:
-        """Take the lock without waiting; False when another process holds it."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": " ".join(sys.argv)}).encode(), 0)
-        self.fd = fd
-        return True
-
-    def holder(self) -> str:
-        """Who holds the lock, from the JSON it wrote."""
-        try:
-            h = json.loads(self.path.read_text())
-            return f"pid {h['pid']} ({h['command']})"
-        except (OSError, ValueError, KeyError):
-            return "another process"
-
-    def release(self) -> None:
-        """Drop the lock."""
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
+def sweep_lock(d: Path, refused: Callable[[str], UserError]) -> HolderLock:
+    """The host's clock-sweep flock, ``<d>/clock-sweep.lock`` (`ds4deploy.holder_lock.HolderLock`); `refused`
+    builds the error from the holder's description."""
+    return HolderLock(d / "clock-sweep.lock", refused)
 
 
 def recover(backend_factory: Callable[[], tuple[ClockBackend | None, str]], d: Path | None = None,
@@ -428,12 +335,14 @@ def recover(backend_factory: Callable[[], tuple[ClockBackend | None, str]], d: P
     d = d or journal_dir()
     if not d.is_dir():
         return []
-    lock = SweepLock(d)
-    if not lock.acquire():
-        raise UserError(f"a clock sweep is running on this host ({lock.holder()}, lock {lock.path}): it changes GPU "
-                        "clocks under any other benchmark", "wait for it to finish (SEEDS B: a stray sweep gave "
-                        "92.5 instead of 139.3 tok/s for the same case)")
-    try:
+
+    def refused(who: str) -> UserError:
+        return UserError(f"a clock sweep is running on this host ({who}, lock {d / 'clock-sweep.lock'}): it changes "
+                         "GPU clocks under any other benchmark",
+                         "wait for it to finish (docs/sources.md#gx10-benchmark-method: a stray sweep gave "
+                         "92.5 instead of 139.3 tok/s for the same case)")
+
+    with sweep_lock(d, refused):
         journals = sorted(d.glob("clock-journal-*.json"))
         if not journals:
             return []
@@ -456,8 +365,6 @@ def recover(backend_factory: Callable[[], tuple[ClockBackend | None, str]], d: P
                 say(f"restored {line}")
             out += lines
         return out
-    finally:
-        lock.release()
 
 
 # ---------------------------------------------------------------------------------------------------- the sweep
@@ -488,7 +395,8 @@ class Guard:
         self.restore_locked = restore_locked
         self.say = say
         self.journals: dict[int, Journal] = {}
-        self.lock = SweepLock(d)
+        self.lock = sweep_lock(d, lambda who: UserError(f"another clock sweep is running on this host ({who})",
+                                                        "wait for it to finish"))
         self._old_handlers: dict[int, object] = {}
         self._restored = False
         self.restored: list[str] = []
@@ -503,9 +411,7 @@ class Guard:
         except OSError as exc:
             raise UserError(f"cannot create the clock journal dir {self.dir}: {exc.strerror}",
                             "run as root (clock changes need root anyway) or set DS4_CLOCK_JOURNAL_DIR") from None
-        if not self.lock.acquire():
-            raise UserError(f"another clock sweep is running on this host ({self.lock.holder()})",
-                            "wait for it to finish")
+        self.lock.__enter__()
         try:
             for i in self.indexes:
                 j = Journal(original=self.backend.read_state(i), restore_locked_clocks_mhz=self.restore_locked,
@@ -560,7 +466,7 @@ class Guard:
             for s, h in self._old_handlers.items():
                 signal.signal(s, h)
             atexit.unregister(self.restore)
-            self.lock.release()
+            self.lock.__exit__(None, None, None)
 
 
 class Watcher:
@@ -584,7 +490,7 @@ class Watcher:
                 self.max_c[i] = max(t, self.max_c.get(i, t))
                 if t > STOP_ABOVE_C:
                     self.guard.overheat = (f"GPU {i} reached {t} C, above the sweep's stop limit of {STOP_ABOVE_C} C "
-                                           "(issue 6; SEEDS.md B)")
+                                           "(docs/sources.md#gx10-sweep-safety)")
                     signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
                     return
             self._stop.wait(self.interval_s)
@@ -732,96 +638,3 @@ def parse_locked(text: str | None) -> list[int] | None:
     if lo > hi or lo < 0:
         raise UserError(f"--restore-locked-clocks {text!r}: MIN must be <= MAX and >= 0", "e.g. 1522,1522")
     return [lo, hi]
-
-
-# ---------------------------------------------------------------------------------------------------- output
-
-
-def clock_table(cells: list[dict]) -> list[str]:
-    """SEEDS.md B clock-cap table: one row per cap; decode t/s from the cap's shortest-prompt cell, prefill t/s from
-    its longest-prompt cell, actual clock / power / temperature per GPU (``A / B``) and t/s per W from the decode
-    cell's telemetry (its aggregate output tok/s / its mean total power)."""
-    from ds4deploy.bench.report import fmt_rate
-
-    caps: dict[str, list[dict]] = {}
-    for c in cells:
-        caps.setdefault(str(c.get("clock_cap_mhz")), []).append(c)
-    longest = max((c["spec"]["prompt_tokens"] for c in cells), default=0)
-    lines = [f"| clock cap MHz | actual MHz | decode t/s | prefill t/s ({longest:,}) | power W | temp C | t/s per W |",
-             "|---" * 7 + "|"]
-
-    def per_gpu(tel: dict, key: str, fmt: str) -> str:
-        vals = [g.get(key) for g in (tel.get("gpus") or [])]
-        return " / ".join("-" if v is None else format(v, fmt) for v in vals) or "-"
-
-    for cap, cc in caps.items():
-        dec = min(cc, key=lambda c: c["spec"]["prompt_tokens"])
-        pre = max(cc, key=lambda c: c["spec"]["prompt_tokens"])
-        tel = dec.get("telemetry") or {}
-        ok = tel.get("status") == "ok"
-        tpw = tel.get("tok_s_per_w")
-        bad = "" if all(c["valid"] for c in cc) else " *"
-        lines.append(
-            f"| {'none' if cap == 'None' else cap} | {per_gpu(tel, 'graphics_mhz_mean', '.0f') if ok else '-'} | "
-            f"{fmt_rate(dec['decode_tok_s'])}{bad} | {fmt_rate(pre['prefill_tok_s'])} | "
-            f"{per_gpu(tel, 'power_w_mean', '.1f') if ok else '-'} | "
-            f"{per_gpu(tel, 'temperature_c_max', 'd') if ok else '-'} | {'-' if tpw is None else f'{tpw:.2f}'} |")
-    return lines
-
-
-def _sweep_points(cells: list[dict]) -> list[tuple[str, float, dict]]:
-    """(label, x, decode cell) per cap, uncapped last at x = 1.1 x the highest cap."""
-    by: dict[int | None, list[dict]] = {}
-    for c in cells:
-        by.setdefault(c.get("clock_cap_mhz"), []).append(c)
-    capped = sorted(k for k in by if k is not None)
-    top = (capped[-1] * 1.1) if capped else 1.0
-    pts = [(str(k), float(k), min(by[k], key=lambda c: c["spec"]["prompt_tokens"])) for k in capped]
-    if None in by:
-        pts.append(("none", top, min(by[None], key=lambda c: c["spec"]["prompt_tokens"])))
-    return pts
-
-
-def write_sweep_plots(cells: list[dict], png_dir: Path, html_path: Path, title: str) -> list[Path]:
-    """tok/s and tok/s per W vs clock cap: ``<png_dir>/clock_sweep.png`` and the interactive page `html_path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    pts = _sweep_points(cells)
-    labels = [p[0] for p in pts]
-    xs = [p[1] for p in pts]
-    tok = [p[2].get("aggregate_tok_s") for p in pts]
-    tpw = [(p[2].get("telemetry") or {}).get("tok_s_per_w") for p in pts]
-    png_dir.mkdir(parents=True, exist_ok=True)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
-    a1.plot(xs, [t if t is not None else float("nan") for t in tok], marker="o")
-    a2.plot(xs, [t if t is not None else float("nan") for t in tpw], marker="o", color="tab:green")
-    for ax, yl in ((a1, "output tok/s (decode cell)"), (a2, "tok/s per W")):
-        ax.set_xticks(xs, labels)
-        ax.set_xlabel("graphics clock cap, MHz")
-        ax.set_ylabel(yl)
-        ax.grid(True, alpha=0.3)
-    if all(t is None for t in tpw):
-        a2.text(0.5, 0.5, "no power readings", transform=a2.transAxes, ha="center")
-        a2.set_yticks([])
-    fig.suptitle(f"{title}: clock sweep", fontsize=10)
-    fig.tight_layout()
-    png = png_dir / "clock_sweep.png"
-    fig.savefig(png)
-    plt.close(fig)
-    hover = [f"cap {lab}<br>{p[2]['cell_id']}<br>tok/s {p[2].get('aggregate_tok_s')}<br>"
-             f"telemetry: {(p[2].get('telemetry') or {}).get('status')}" for lab, p in zip(labels, pts, strict=True)]
-    pf = make_subplots(rows=1, cols=2, subplot_titles=["tok/s vs clock cap", "tok/s per W vs clock cap"])
-    pf.add_trace(go.Scatter(x=labels, y=tok, mode="lines+markers", name="tok/s", hovertext=hover, hoverinfo="text"),
-                 row=1, col=1)
-    pf.add_trace(go.Scatter(x=labels, y=tpw, mode="lines+markers", name="tok/s per W", hovertext=hover,
-                            hoverinfo="text"), row=1, col=2)
-    pf.update_xaxes(title_text="graphics clock cap, MHz", type="category")
-    pf.update_layout(title=f"{title}: clock sweep", height=500)
-    html_path.parent.mkdir(parents=True, exist_ok=True)
-    pf.write_html(html_path, include_plotlyjs="directory")
-    return [png, html_path]

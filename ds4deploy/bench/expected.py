@@ -2,10 +2,10 @@
 
 Two kinds of expectation (ds4deploy/recipe.py `Expected`):
 
-- `table`: the reference system's published cells (SEEDS.md), each a value for one profile, prompt length,
+- `table`: the reference system's published cells (docs/sources.md), each a value for one profile, prompt length,
   concurrency and (optionally) content type. A measured value within ``value x (1 +- tolerance)`` is "within",
   else "above" or "below". An entry without a content type is compared with the median over the cells of every
-  content type at that prompt length and concurrency (SEEDS A gives one TTFT per prompt length).
+  content type at that prompt length and concurrency (docs/sources.md#v100x8-table gives one TTFT per prompt length).
 - `decode_tok_s` / `ttft_s` ranges: hold for every single-session cell of any profile (they come from one-request
   measurements, e.g. the cpu recipe's `make bench-stack`).
 

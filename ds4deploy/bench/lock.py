@@ -1,10 +1,10 @@
 """One benchmark per server at a time: an exclusive ``flock`` on a per-server lock file.
 
-SEEDS B: a stray clock-sweep script kept running under another benchmark (92.5 vs 139.3 tok/s for the same case);
-the fix there was one serial run under an flock lock. The lock file is named after the server's URL, lives in
-``$DS4_BENCH_LOCK_DIR`` (default ``/tmp/ds4deploy-bench``, shared by every user of the control host), and holds the
-holder's pid, command line and start time as JSON, so a second run can say who holds it. The kernel drops an
-flock when its holder dies, so a killed run never leaves a stale lock; the JSON is only a description.
+docs/sources.md#gx10-benchmark-method: a stray clock-sweep script kept running under another benchmark (92.5 vs 139.3
+tok/s for the same case); the fix there was one serial run under an flock lock. The lock file is named after the
+server's URL, lives in ``$DS4_BENCH_LOCK_DIR`` (default ``/tmp/ds4deploy-bench``, shared by every user of the control
+host), and holds the holder's pid, command line and start time as JSON, so a second run can say who holds it. The kernel
+drops an flock when its holder dies, so a killed run never leaves a stale lock; the JSON is only a description.
 
 Scope: benchmarks started from the same control host. Traffic from elsewhere is caught per cell instead, by the
 server's finished-request counter (see `ds4deploy.bench.metrics`).

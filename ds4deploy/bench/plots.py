@@ -1,7 +1,8 @@
 """Plots of a profile's cells: PNG files (matplotlib) and one interactive HTML page (plotly) with hover details.
 
-Four views (issue 6): decode tok/s vs prompt length, TTFT vs prompt length (log-log), aggregate tok/s vs
-concurrency and per-session tok/s vs concurrency. Invalid cells are drawn as hollow markers (matplotlib) or named
+Four views: decode tok/s vs prompt length, TTFT vs prompt length (log-log), aggregate tok/s vs
+concurrency and per-session tok/s vs concurrency; for a clock sweep, tok/s and tok/s per W vs the clock cap
+(`write_sweep_plots`). Invalid cells are drawn as hollow markers (matplotlib) or named
 in the hover text (plotly), never dropped silently. The HTML page loads ``plotly.min.js`` from its own directory
 (written beside it once), so it works on an office network without internet.
 """
@@ -102,3 +103,61 @@ def write_html(cells: list[dict], path: Path, title: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(path, include_plotlyjs="directory")
     return path
+
+
+def _sweep_points(cells: list[dict]) -> list[tuple[str, float, dict]]:
+    """(label, x, decode cell) per cap, uncapped last at x = 1.1 x the highest cap."""
+    by: dict[int | None, list[dict]] = {}
+    for c in cells:
+        by.setdefault(c.get("clock_cap_mhz"), []).append(c)
+    capped = sorted(k for k in by if k is not None)
+    top = (capped[-1] * 1.1) if capped else 1.0
+    pts = [(str(k), float(k), min(by[k], key=lambda c: c["spec"]["prompt_tokens"])) for k in capped]
+    if None in by:
+        pts.append(("none", top, min(by[None], key=lambda c: c["spec"]["prompt_tokens"])))
+    return pts
+
+
+def write_sweep_plots(cells: list[dict], png_dir: Path, html_path: Path, title: str) -> list[Path]:
+    """tok/s and tok/s per W vs clock cap: ``<png_dir>/clock_sweep.png`` and the interactive page `html_path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    pts = _sweep_points(cells)
+    labels = [p[0] for p in pts]
+    xs = [p[1] for p in pts]
+    tok = [p[2].get("aggregate_tok_s") for p in pts]
+    tpw = [(p[2].get("telemetry") or {}).get("tok_s_per_w") for p in pts]
+    png_dir.mkdir(parents=True, exist_ok=True)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4), dpi=110)
+    a1.plot(xs, [t if t is not None else float("nan") for t in tok], marker="o")
+    a2.plot(xs, [t if t is not None else float("nan") for t in tpw], marker="o", color="tab:green")
+    for ax, yl in ((a1, "output tok/s (decode cell)"), (a2, "tok/s per W")):
+        ax.set_xticks(xs, labels)
+        ax.set_xlabel("graphics clock cap, MHz")
+        ax.set_ylabel(yl)
+        ax.grid(True, alpha=0.3)
+    if all(t is None for t in tpw):
+        a2.text(0.5, 0.5, "no power readings", transform=a2.transAxes, ha="center")
+        a2.set_yticks([])
+    fig.suptitle(f"{title}: clock sweep", fontsize=10)
+    fig.tight_layout()
+    png = png_dir / "clock_sweep.png"
+    fig.savefig(png)
+    plt.close(fig)
+    hover = [f"cap {lab}<br>{p[2]['cell_id']}<br>tok/s {p[2].get('aggregate_tok_s')}<br>"
+             f"telemetry: {(p[2].get('telemetry') or {}).get('status')}" for lab, p in zip(labels, pts, strict=True)]
+    pf = make_subplots(rows=1, cols=2, subplot_titles=["tok/s vs clock cap", "tok/s per W vs clock cap"])
+    pf.add_trace(go.Scatter(x=labels, y=tok, mode="lines+markers", name="tok/s", hovertext=hover, hoverinfo="text"),
+                 row=1, col=1)
+    pf.add_trace(go.Scatter(x=labels, y=tpw, mode="lines+markers", name="tok/s per W", hovertext=hover,
+                            hoverinfo="text"), row=1, col=2)
+    pf.update_xaxes(title_text="graphics clock cap, MHz", type="category")
+    pf.update_layout(title=f"{title}: clock sweep", height=500)
+    html_path.parent.mkdir(parents=True, exist_ok=True)
+    pf.write_html(html_path, include_plotlyjs="directory")
+    return [png, html_path]

@@ -2,8 +2,9 @@
 
 Profiles are data: ``ds4deploy/data/bench_profiles/<name>.yaml``, validated by `Profile`. A profile lists its cells
 either as a `grid` (the cross product of prompt lengths, concurrencies, content types and thinking modes) or as
-explicit `cells` (the reference tables measure only some combinations, e.g. SEEDS B's 131,072 x 4). `expand` turns
-a profile into concrete `CellSpec`s for one recipe and refuses cells the recipe cannot serve.
+explicit `cells` (the reference tables measure only some combinations, e.g. 131,072 x 4 in
+docs/sources.md#gx10-context-table). `expand` turns a profile into concrete `CellSpec`s for one recipe and refuses cells
+the recipe cannot serve.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ from __future__ import annotations
 from importlib import resources
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from ds4deploy.bench.clocks import ClockSweep
 from ds4deploy.bench.prompts import CONTENT_TYPES
 from ds4deploy.errors import UserError
 from ds4deploy.recipe import Recipe
+from ds4deploy.yamlio import parse_strict
 
 ContentType = Literal["code", "json", "legal", "prose", "chat"]
 
@@ -76,11 +77,14 @@ class Grid(BaseModel):
 class Profile(BaseModel):
     """A named set of cells and how to send them.
 
-    `max_tokens` None takes the recipe's ``benchmark.max_tokens`` (default 2,048, SEEDS B); it is always sent.
+    `max_tokens` None takes the recipe's ``benchmark.max_tokens`` (default 2,048,
+    docs/sources.md#gx10-benchmark-method); it is always sent.
     `requests_per_session` is how many requests each of a cell's sessions sends in turn (cell requests =
-    concurrency x requests_per_session). `layout` picks the markdown table: ``content`` (SEEDS A: rows = prompt
-    length, a decode column per content type), ``context`` (SEEDS B: rows = prompt x concurrency) or ``cells``
-    (one row per cell, every column) or ``clocks`` (SEEDS B's clock-cap table, for a `clock_sweep` profile).
+    concurrency x requests_per_session). `layout` picks the markdown table: ``content`` (docs/sources.md#v100x8-table:
+    rows = prompt length, a decode column per content type), ``context``
+    (docs/sources.md#gx10-context-table: rows = prompt x concurrency) or ``cells``
+    (one row per cell, every column) or ``clocks`` (docs/sources.md#gx10-clock-caps, for a
+    `clock_sweep` profile).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -129,17 +133,19 @@ def load_profile(name: str) -> Profile:
             raise UserError(f"no benchmark profile named '{name}'",
                             f"use one of: {', '.join(profile_names())}, or a path to a profile YAML")
         text = f.read_text("utf-8")
+    doc = parse_strict(text, f"benchmark profile '{name}'")
     try:
-        return Profile.model_validate(yaml.safe_load(text))
+        return Profile.model_validate(doc.data)
     except ValidationError as exc:
-        lines = [f"  {'.'.join(str(x) for x in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        lines = [f"  {'.'.join(str(x) for x in e['loc'])} (line {doc.line_of(e['loc'])}): {e['msg']}"
+                 for e in exc.errors()]
         raise UserError(f"benchmark profile '{name}' is invalid:\n" + "\n".join(lines),
                         "fix the profile (schema: ds4deploy/bench/profiles.py)") from None
 
 
 def effective_max_tokens(profile: Profile, recipe: Recipe) -> int:
     """max_tokens sent with every request: the profile's, else the recipe's benchmark.max_tokens, else 2,048
-    (SEEDS B: without it a thinking request generated for 2 h 45 min)."""
+    (docs/sources.md#gx10-benchmark-method: without it a thinking request generated for 2 h 45 min)."""
     return profile.max_tokens or recipe.benchmark.max_tokens or 2048
 
 

@@ -43,14 +43,8 @@ def write_cell(out_dir: Path, profile: str, cell: dict) -> Path:
     return path
 
 
-def read_cells(out_dir: Path, profile: str) -> list[dict]:
-    """Every complete cell file of `profile` under `out_dir` (temporary files are skipped)."""
-    d = out_dir / profile / "cells"
-    return [json.loads(p.read_text()) for p in sorted(d.glob("*.json"))] if d.is_dir() else []
-
-
 def fmt_rate(v: float | None) -> str:
-    """tok/s the way SEEDS.md writes them: 1,744 / 55.8; '-' for no value."""
+    """tok/s the way the reference tables (docs/sources.md) write them: 1,744 / 55.8; '-' for no value."""
     if v is None:
         return "-"
     return f"{v:,.0f}" if v >= 1000 else f"{v:.1f}"
@@ -74,7 +68,8 @@ def _prompt_label(n: int) -> str:
 
 
 def table_context(cells: list[dict]) -> list[str]:
-    """SEEDS B layout: one row per prompt length x concurrency (x content / thinking when the profile varies them)."""
+    """docs/sources.md#gx10-context-table layout: one row per prompt length x concurrency (x content / thinking
+    when the profile varies them)."""
     multi = len({(c["spec"]["content"], c["spec"]["thinking"]) for c in cells}) > 1
     head = "| prompt | conc. |" + (" content | thinking |" if multi else "")
     lines = [head + " aggregate t/s | per-session t/s | prefill t/s | TTFT |",
@@ -95,7 +90,8 @@ def _think(t: bool | None) -> str:
 
 
 def table_content(cells: list[dict]) -> list[str]:
-    """SEEDS A layout: rows = prompt length; TTFT and prefill over the content types; a decode column per type.
+    """docs/sources.md#v100x8-table layout: rows = prompt length; TTFT and prefill over the content types; a decode
+    column per type.
     One table per (concurrency, thinking) combination present."""
     out: list[str] = []
     groups = sorted({(c["spec"]["concurrency"], str(c["spec"]["thinking"])) for c in cells})
@@ -147,11 +143,34 @@ def table_cells(cells: list[dict]) -> list[str]:
     return lines
 
 
-def _clock_table(cells: list[dict]) -> list[str]:
-    """SEEDS B clock-cap layout (ds4deploy.bench.clocks.clock_table)."""
-    from ds4deploy.bench.clocks import clock_table
+def clock_table(cells: list[dict]) -> list[str]:
+    """docs/sources.md#gx10-clock-caps table: one row per cap; decode t/s from the cap's shortest-prompt cell,
+    prefill t/s from its longest-prompt cell, actual clock / power / temperature per GPU (``A / B``) and t/s per W
+    from the decode cell's telemetry (its aggregate output tok/s / its mean total power)."""
+    caps: dict[str, list[dict]] = {}
+    for c in cells:
+        caps.setdefault(str(c.get("clock_cap_mhz")), []).append(c)
+    longest = max((c["spec"]["prompt_tokens"] for c in cells), default=0)
+    lines = [f"| clock cap MHz | actual MHz | decode t/s | prefill t/s ({longest:,}) | power W | temp C | t/s per W |",
+             "|---" * 7 + "|"]
 
-    return clock_table(cells)
+    def per_gpu(tel: dict, key: str, fmt: str) -> str:
+        vals = [g.get(key) for g in (tel.get("gpus") or [])]
+        return " / ".join("-" if v is None else format(v, fmt) for v in vals) or "-"
+
+    for cap, cc in caps.items():
+        dec = min(cc, key=lambda c: c["spec"]["prompt_tokens"])
+        pre = max(cc, key=lambda c: c["spec"]["prompt_tokens"])
+        tel = dec.get("telemetry") or {}
+        ok = tel.get("status") == "ok"
+        tpw = tel.get("tok_s_per_w")
+        bad = "" if all(c["valid"] for c in cc) else " *"
+        lines.append(
+            f"| {'none' if cap == 'None' else cap} | {per_gpu(tel, 'graphics_mhz_mean', '.0f') if ok else '-'} | "
+            f"{fmt_rate(dec['decode_tok_s'])}{bad} | {fmt_rate(pre['prefill_tok_s'])} | "
+            f"{per_gpu(tel, 'power_w_mean', '.1f') if ok else '-'} | "
+            f"{per_gpu(tel, 'temperature_c_max', 'd') if ok else '-'} | {'-' if tpw is None else f'{tpw:.2f}'} |")
+    return lines
 
 
 def verdict_table(verdicts: list[Verdict]) -> list[str]:
@@ -171,7 +190,7 @@ def markdown(meta: dict, cells: list[dict], verdicts: list[Verdict]) -> str:
     """The whole ``<profile>.md``: what was run, the table in the profile's layout, the expected comparison, and
     every flagged cell with its reason."""
     layout = {"context": table_context, "content": table_content, "cells": table_cells,
-              "clocks": _clock_table}[meta["layout"]]
+              "clocks": clock_table}[meta["layout"]]
     invalid = [c for c in cells if not c["valid"]]
     lines = [
         f"# Benchmark `{meta['profile']}` on recipe `{meta['recipe']}`",

@@ -58,7 +58,8 @@ from ds4deploy.secrets import parse_env_file, read_api_key
 
 # A cell is a cache hit when more than 1 % of its prompt tokens came from the prefix cache, beyond 32 tokens per
 # request: a chat template's fixed head before the salt may fill one or two KV blocks (16-token blocks on GPU
-# builds; the CPU build's 128-token blocks cannot fill before the salt). SEEDS B's cache hit was a whole prompt.
+# builds; the CPU build's 128-token blocks cannot fill before the salt). The cache hit of
+# docs/sources.md#gx10-benchmark-method was a whole prompt.
 CACHE_HIT_LIMIT = 0.01
 CACHE_HIT_FREE_TOKENS = 32
 # A cell's stream timing is not trusted when the client's decode rate, token-weighted like the server's
@@ -80,7 +81,8 @@ STREAM_CHECK_MIN_LENGTH = 16
 # none in one read; with the host loaded, most requests of a flagged cell were (tests/infra/test_bench_live.py).
 STREAM_REQUEST_BAND = (0.5, 2.0)
 STREAM_OFF_SHARE = 0.25
-# Seconds to wait for a response chunk: must exceed the longest TTFT (SEEDS B: 555.55 s at 524,288 tokens).
+# Seconds to wait for a response chunk: must exceed the longest TTFT (docs/sources.md#gx10-context-table: 555.55 s at
+# 524,288).
 DEFAULT_TIMEOUT_S = 3600.0
 # Request numbers reserved per clock-sweep point (salts stay 6 digits wide for up to 49 points; ClockSweep caps it).
 REQS_PER_POINT = 20000
@@ -109,7 +111,8 @@ def read_key(recipe: Recipe, key_file: str | None) -> str | None:
 
 def build_payload(model: str, profile: Profile, recipe: Recipe, max_tokens: int, cell: CellSpec,
                   text: str) -> dict:
-    """The chat-completions request body of one benchmark request. `max_tokens` is always set (SEEDS B)."""
+    """The chat-completions request body of one benchmark request. `max_tokens` is always set
+    (docs/sources.md#gx10-benchmark-method)."""
     body: dict = {
         "model": model,
         "messages": [{"role": "user", "content": text}],
@@ -347,11 +350,11 @@ def run_bench(ns: argparse.Namespace) -> int:
     md = markdown(meta, records, verdicts)
     atomic_write_text(out_dir / f"{profile.name}.md", md)
     if not ns.no_plots:
-        from ds4deploy.bench.plots import write_html, write_png
+        from ds4deploy.bench.plots import write_html, write_png, write_sweep_plots
 
         title = f"{recipe.name} / {profile.name}"
         if profile.clock_sweep is not None:
-            clocks.write_sweep_plots(records, out_dir / profile.name, out_dir / f"{profile.name}.html", title)
+            write_sweep_plots(records, out_dir / profile.name, out_dir / f"{profile.name}.html", title)
         else:
             write_png(records, out_dir / profile.name, title)
             write_html(records, out_dir / f"{profile.name}.html", title)
@@ -442,7 +445,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
                 "harness_cpu_ms_per_1k_tokens": cpu * 1000 / (tokens / 1000) if tokens else None,
                 "flags": flags, "valid": not flags,
                 # salt_index: the "#NNNNNN" of the request's salt, so a packet capture can find it
-                # (ds4deploy.bench.wire); None when the run is unsalted
+                # (tools.benchval.wire); None when the run is unsalted
                 "requests": [r.as_dict() | {"salt_index": first_salt + r.index if salted else None}
                              for r in results],
             }

@@ -1,18 +1,18 @@
 """One benchmark request, timed from the server-sent event (SSE) stream of ``/v1/chat/completions``.
 
-Timing rules (issue 6, "per request, from the SSE stream"):
+Timing rules (per request, from the SSE stream; docs/bench-harness.md):
 
 - TTFT: send -> first chunk that carries reasoning or content text. vLLM first sends a role-only frame
   (``{"delta": {"role": "assistant", "content": ""}}``, see tests/unit/fixtures/bench/vllm-0.32-cpu-chat-stream.sse);
   it carries no token and is never the first token. Reasoning models stream ``reasoning`` (vLLM >= 0.3x) or
-  ``reasoning_content`` (older builds and forks) before ``content``; either counts (shared/UPSTREAM.md).
+  ``reasoning_content`` (older builds and forks) before ``content``; either counts (docs/sources.md#reasoning-stream).
 - prefill tok/s: server-reported prompt tokens / TTFT.
 - decode tok/s (one session): (completion tokens - 1) / (last token time - first token time), with the token count
   from the server's ``usage`` (``stream_options.include_usage``), never from counting chunks: a server may pack
   several tokens in one chunk (speculative decoding, a fast CPU model).
 - end-to-end latency: send -> last token chunk (the trailing usage chunk carries no token; as in vLLM's bench).
-- a request whose completion is longer than its ``max_tokens`` fails: the server ignored the limit (SEEDS B, one
-  request reasoned for 2 h 45 min without it).
+- a request whose completion is longer than its ``max_tokens`` fails: the server ignored the limit
+  (docs/sources.md#gx10-benchmark-method: one request reasoned for 2 h 45 min without it).
 """
 
 from __future__ import annotations

@@ -1,33 +1,30 @@
-"""GPU telemetry during a benchmark cell: clocks, power, temperature and utilization per GPU (issue 6, item 4).
+"""GPU telemetry during a benchmark cell: clocks, power, temperature and utilization per GPU (docs/bench-harness.md).
 
-Sources, in order of preference:
+Sources, in order of preference (both through the bench's one GPU backend, `ds4deploy.bench.gpu`):
 
 1. NVML through nvidia-ml-py (``pynvml``): graphics/SM/memory clock (MHz), power draw (``nvmlDeviceGetPowerUsage``,
    milliwatts -> W), GPU temperature (C), GPU utilization (%). Each value is read on its own: a value the device
-   does not report (GB10 reports several as N/A, shared/UPSTREAM.md "NVML on GB10") is None, never 0.
+   does not report (GB10 reports several as N/A, docs/sources.md#nvml-gb10) is None, never 0.
 2. ``nvidia-smi --query-gpu=<TELEMETRY_FIELDS> --format=csv`` parsed with `ds4deploy.parsers.nvidia_smi`
    (``[N/A]`` / ``[Not Supported]`` -> None), when NVML cannot be loaded but the tool runs.
 3. Neither: the cell records ``{"status": "unavailable: no NVIDIA GPU", ...}``: never zeros, so a CPU host's table
    shows no power figure rather than a false one.
 
 A `Sampler` polls the source in a background thread every `SAMPLE_INTERVAL_S` while a cell runs; `cell_summary`
-reduces the samples to per-GPU means and maxima plus the cell totals the reference table uses (SEEDS.md B,
-clock-cap table): mean and max power (W, summed over the GPUs of a sampling round), tok/s per W (the cell's
-aggregate output tok/s / mean total power), max temperature (C).
+reduces the samples to per-GPU means and maxima plus the cell totals the reference table uses
+(docs/sources.md#gx10-clock-caps): mean and max power (W, summed over the GPUs of a sampling round), tok/s per W (the
+cell's aggregate output tok/s / mean total power), max temperature (C).
 """
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import subprocess
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Protocol
 
-from ds4deploy.errors import UserError
-from ds4deploy.parsers.nvidia_smi import parse_query_gpu
+from ds4deploy.bench.gpu import Nvml, Smi, open_gpu
 
 # Fields asked of nvidia-smi (names from `nvidia-smi --help-query-gpu`).
 TELEMETRY_FIELDS = ("index", "uuid", "name", "clocks.current.graphics", "clocks.current.sm", "clocks.current.memory",
@@ -78,50 +75,26 @@ def samples_from_rows(rows: list[dict], t: float) -> list[GpuSample]:
     return out
 
 
-class SmiSource:
+class SmiSource(Smi):
     """nvidia-smi fallback (one process per sample)."""
 
-    name = "nvidia-smi"
-
-    def __init__(self, exe: str = "nvidia-smi") -> None:
-        self.exe = exe
-
     def sample(self) -> list[GpuSample]:
-        """Run ``nvidia-smi --query-gpu=...`` once.
+        """Run ``nvidia-smi --query-gpu=<TELEMETRY_FIELDS>`` once.
 
         Raises:
             UserError: nvidia-smi failed or printed something that is not its CSV.
         """
         t = time.monotonic()
-        try:
-            p = subprocess.run([self.exe, f"--query-gpu={','.join(TELEMETRY_FIELDS)}", "--format=csv"],
-                               capture_output=True, text=True, timeout=20, check=False)
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            raise UserError(f"nvidia-smi failed: {exc}", "check the NVIDIA driver (`nvidia-smi` by hand)") from None
-        if p.returncode != 0:
-            raise UserError(f"nvidia-smi exited {p.returncode}: {(p.stdout + p.stderr).strip()[:300]}",
-                            "check the NVIDIA driver (`nvidia-smi` by hand)")
-        return samples_from_rows(parse_query_gpu(p.stdout, list(TELEMETRY_FIELDS)), t)
+        return samples_from_rows(self.query(TELEMETRY_FIELDS, timeout_s=20), t)
 
 
-class NvmlSource:
+class NvmlSource(Nvml):
     """NVML through nvidia-ml-py. `pynvml` is the imported module (injectable for tests)."""
 
-    name = "nvml"
-
     def __init__(self, pynvml) -> None:
-        self.nv = pynvml
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        self.uuids = [self._get(pynvml.nvmlDeviceGetUUID, h) for h in self.handles]
-        self.names = [self._get(pynvml.nvmlDeviceGetName, h) for h in self.handles]
-
-    def _get(self, fn, *args):
-        """fn(*args), or None when NVML reports the value unavailable (NOT_SUPPORTED, N/A on GB10, ...)."""
-        try:
-            v = fn(*args)
-        except self.nv.NVMLError:
-            return None
-        return v.decode() if isinstance(v, bytes) else v
+        super().__init__(pynvml)
+        self.uuids = [self.get(pynvml.nvmlDeviceGetUUID, h) for h in self.handles]
+        self.gpu_names = self.names()
 
     def sample(self) -> list[GpuSample]:
         """Read every GPU once; unavailable values are None."""
@@ -129,46 +102,25 @@ class NvmlSource:
         t = time.monotonic()
         out = []
         for i, h in enumerate(self.handles):
-            mw = self._get(nv.nvmlDeviceGetPowerUsage, h)
-            util = self._get(nv.nvmlDeviceGetUtilizationRates, h)
+            mw = self.get(nv.nvmlDeviceGetPowerUsage, h)
+            util = self.get(nv.nvmlDeviceGetUtilizationRates, h)
             out.append(GpuSample(
-                t=t, index=i, uuid=self.uuids[i], name=self.names[i],
-                graphics_mhz=self._get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_GRAPHICS),
-                sm_mhz=self._get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
-                memory_mhz=self._get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
+                t=t, index=i, uuid=self.uuids[i], name=self.gpu_names[i],
+                graphics_mhz=self.get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_GRAPHICS),
+                sm_mhz=self.get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM),
+                memory_mhz=self.get(nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_MEM),
                 power_w=mw / 1000.0 if mw is not None else None,
-                temperature_c=self._get(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
+                temperature_c=self.get(nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU),
                 utilization_pct=util.gpu if util is not None else None))
         return out
 
 
 def open_source() -> tuple[TelemetrySource | None, str]:
-    """The best available source and a description: (NvmlSource, "nvml: N GPU(s)"), (SmiSource, ...), or
-    (None, "unavailable: no NVIDIA GPU (<why NVML and nvidia-smi failed>)")."""
-    why = []
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        src = NvmlSource(pynvml)
-        if src.handles:
-            return src, f"nvml: {len(src.handles)} GPU(s) ({', '.join(n or '?' for n in src.names)})"
-        why.append("NVML sees no GPU")
-    except ImportError:
-        why.append("nvidia-ml-py not installed")
-    except Exception as exc:  # any NVML failure (library not found, driver not loaded) means "no NVML"
-        why.append(f"NVML: {exc}")
-    exe = shutil.which("nvidia-smi")
-    if exe is None:
-        why.append("nvidia-smi not on PATH")
-    else:
-        smi = SmiSource(exe)
-        try:
-            gpus = smi.sample()
-            return smi, f"nvidia-smi: {len(gpus)} GPU(s)"
-        except UserError as exc:
-            why.append(f"nvidia-smi: {exc.cause}")
-    return None, f"{NO_GPU} ({'; '.join(why)})"
+    """The best available source and a description (`ds4deploy.bench.gpu.open_gpu`): (NvmlSource, "nvml: N GPU(s)
+    (names)"), (SmiSource, "nvidia-smi: N GPU(s)"), or (None, "unavailable: no NVIDIA GPU (<why NVML and nvidia-smi
+    failed>)")."""
+    src, desc = open_gpu(NvmlSource, SmiSource)
+    return (src, desc) if src is not None else (None, f"{NO_GPU} ({desc})")
 
 
 class Sampler:
@@ -278,11 +230,6 @@ def summarize_samples(samples: list[GpuSample], aggregate_tok_s: float | None, s
         "temperature_c_max": _max([s.temperature_c for s in samples]),
         "error": error,
     }
-
-
-def sample_dicts(samples: list[GpuSample]) -> list[dict]:
-    """JSON-ready samples."""
-    return [asdict(s) for s in samples]
 
 
 def markdown_lines(cells: list[dict], source: str | None) -> list[str]:

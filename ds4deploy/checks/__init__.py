@@ -10,7 +10,7 @@ Modules:
   the rich tables `make check` prints.
 - `target`: how a command reaches a host (local, inside a network namespace, over ssh, through a testinfra host).
 - `inputs`: bad-input checks run on the control host before any host is changed (rail addresses, duplicate
-  addresses, clocks a GPU cannot do), the GPU datasheet table, and the variables the provisioning roles read.
+  addresses, clocks a GPU cannot do) and the GPU datasheet table.
 - `host`: GPU count/arch/driver, persistence, power limit, clocks, RAM per NUMA node, memlock, GPUs in containers,
   known-bad kernels.
 - `rails`: per-rail address and subnet, MTU, link state and speed, routing and don't-fragment ping to the peer.

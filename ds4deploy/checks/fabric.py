@@ -1,17 +1,20 @@
 """Fabric checks: RDMA links, the per-node RoCE v2 GID index, ib_write_bw between two nodes, nccl-tests.
 
 A host without ``/sys/class/infiniband/*`` reports every fabric row as "skipped: no RDMA device", never pass.
+Every host is checked on its own HCA names (`ds4deploy.node_fabric.node_rails`: the inventory may override the
+recipe's per node, e.g. one node cabled on the f0 port and its peer on f1).
 
-ib_write_bw (perftest) runs with the flags shared/UPSTREAM.md gives: ``ib_write_bw -d <hca> -x <gid index> -F
+ib_write_bw (perftest) runs with the flags of docs/sources.md#rail-bandwidth: ``ib_write_bw -d <hca> -x <gid index> -F
 --report_gbits -D <seconds> -p <port> [<server address>]``. The server side starts first in the background on
 the head node under coreutils ``timeout`` (so it ends even when no client comes); the client runs on the peer;
 afterwards the server is stopped by its own process id and its files are removed, also when the client failed.
 Results are parsed by `ds4deploy.parsers.ib_write_bw` (Gb/s = 10^9 bit/s).
 
-Thresholds: fabric.min_rail_gbit_s per rail (SEEDS B / UPSTREAM: ~92-112 Gb/s per rail), twice that with both
-rails at once (SEEDS B: 196.02 Gb/s both rails). A result between 8 and 25 Gb/s is the ConnectX-7 degraded state
-(SEEDS B: 13.26 Gb/s with every counter clean; NVIDIA/dgx-spark-playbooks PR #108 `check-connectx-bandwidth`
-gives 8-25 Gb/s its own status): only a full AC power-off and discharge fixes it, a reboot does not.
+Thresholds: fabric.min_rail_gbit_s per rail (docs/sources.md#rail-bandwidth: ~92-112 Gb/s per rail), twice that
+with both rails at once (docs/sources.md#gx10-degraded-link: 196.02 Gb/s both rails). A result between 8 and 25 Gb/s is
+the ConnectX-7 degraded state (docs/sources.md#gx10-degraded-link: 13.26 Gb/s with every counter clean;
+NVIDIA/dgx-spark-playbooks PR #108 `check-connectx-bandwidth` gives 8-25 Gb/s its own status): only a full AC power-off
+and discharge fixes it, a reboot does not.
 """
 
 from __future__ import annotations
@@ -25,36 +28,47 @@ from pathlib import Path
 from ds4deploy.checks.report import ERROR, FAIL, PASS, Row, skip
 from ds4deploy.checks.target import Target
 from ds4deploy.errors import UserError
-from ds4deploy.parsers.gids import GidEntry, read_gid_table, roce_v2_gid_index
+from ds4deploy.node_fabric import nccl_ib_hca, node_rails
+from ds4deploy.parsers.gids import NO_RDMA, GidEntry, read_gid_table, roce_v2_gid_index
 from ds4deploy.parsers.ib_write_bw import parse_ib_write_bw
 from ds4deploy.parsers.nccl_tests import parse_nccl_tests
-from ds4deploy.parsers.rdma_link import parse_rdma_link_text
+from ds4deploy.parsers.rdma_link import parse_ibdev2netdev, parse_rdma_link_text
 from ds4deploy.recipe import Rail, Recipe
 
-NO_RDMA = "no RDMA device"
-SRC_BW = "recipe fabric.min_rail_gbit_s; SEEDS B: 108.33 Gb/s per rail, 196.02 both rails"
+SRC_BW = "recipe fabric.min_rail_gbit_s; docs/sources.md#gx10-degraded-link: 108.33 Gb/s per rail, 196.02 both"
 # The degraded ConnectX-7 band, Gb/s: NVIDIA/dgx-spark-playbooks PR #108 (check-connectx-bandwidth status 2).
 DEGRADED_GBIT_S = (8.0, 25.0)
-DEGRADED_FIX = ("ConnectX-7 degraded state (~13 Gb/s with clean counters, SEEDS B): power both nodes off at the "
-                "wall, unplug them and let them discharge, then power on; a reboot does not fix it "
-                "(13.26 -> 108.33 Gb/s per rail after a full AC power-off)")
+DEGRADED_FIX = ("ConnectX-7 degraded state (~13 Gb/s with clean counters, docs/sources.md#gx10-degraded-link): "
+                "power both nodes off at the wall, unplug them and let them discharge, then power on; a reboot does "
+                "not fix it (13.26 -> 108.33 Gb/s per rail after a full AC power-off)")
 # ib_write_bw duration (-D, s) and the server's own time limit (s): the server must outlive the client's
 # connection set-up and run, and end by itself when the client never comes.
 IB_DURATION_S = 10
 IB_SERVER_TIMEOUT_S = 60
 IB_BASE_PORT = 18515  # perftest's default port; rail i uses IB_BASE_PORT + i
-# NCCL bus bandwidth expected per Gb/s of RDMA write bandwidth: SEEDS B measured 21.6 GB/s busbw over both
-# rails where ib_write_bw gave 196.02 Gb/s (24.5 GB/s), i.e. 0.88; ds4deploy asks for 0.85 x the rails' minimum.
+# NCCL bus bandwidth expected per Gb/s of RDMA write bandwidth: docs/sources.md#gx10-roce-checklist, 21.6 GB/s busbw
+# over both rails where ib_write_bw gave 196.02 Gb/s (24.5 GB/s), i.e. 0.88; ds4deploy asks for 0.85 x the rails'
+# minimum.
 NCCL_BUSBW_PER_RDMA = 0.85
 EINVAL_MARK = "#EINVAL"
+# nccl-tests checks every result (validation on by default): a non-zero #wrong or out-of-bounds count means the
+# collective delivered wrong data, whatever the bandwidth. Reports: NVIDIA/nccl-tests #7 and #131; NCCL's
+# troubleshooting guide, GPU Direct section, on point-to-point PCI messages that fail.
+NCCL_WRONG_SRC = ("https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/troubleshooting.html#gpu-direct; "
+                  "https://github.com/NVIDIA/nccl-tests/issues/131")
+NCCL_WRONG_FIX = ("NCCL delivered wrong data: do not serve on this fabric. Rerun with NCCL_DEBUG=INFO to see the "
+                  "transport; isolate GPUDirect RDMA with NCCL_NET_GDR_LEVEL=LOC and peer-to-peer with "
+                  "NCCL_P2P_DISABLE=1; disable PCIe ACS / the IOMMU as NCCL's troubleshooting guide describes; "
+                  "update NCCL, the driver and the NIC firmware")
 
 def gid_dump_command(sysfs: str | Path = "/sys") -> str:
     """The shell command that dumps every GID slot's gid, type and ndev under ``<sysfs>/class/infiniband``.
 
     One line per file, ``<path>\\t<value>``; ``<path>\\t#EINVAL`` when the read fails with EINVAL (an empty slot,
     see `ds4deploy.parsers.gids`), ``<path>\\t#ERR <text>`` for any other failed read; no output when the node has
-    no RDMA device. Read-only; POSIX sh. The one copy of this command: the fabric checks run it over their target,
-    the deploy (ansible/roles/preflight/tasks/fabric.yml) asks `ds4deploy fabric dump-command` for it.
+    no RDMA device. Read-only; POSIX sh. The fabric checks (`ds4deploy check run`) run it over their target, which
+    reaches the node by ssh or a network namespace; the deploy reads the table on the node itself instead (the
+    Ansible module ds4_gid_index, ansible/library/ds4_gid_index.py, with the same parser).
 
     Args:
         sysfs: the sysfs root on the node (``/sys``; tests point it at a fixture tree laid out the same way).
@@ -135,6 +149,36 @@ def _rail_ipv4(hostvars: dict, rail: Rail) -> str | None:
     return ((hostvars.get("ds4_rails") or {}).get(rail.name) or {}).get("address")
 
 
+def port_states(target: Target) -> tuple[dict[str, tuple[bool, str]] | None, str]:
+    """Each RDMA device's port state on the host: ``{hca: (usable, state as shown)}`` and the tool that said so.
+
+    Reads ``rdma link show`` (iproute2); where that tool is missing, fails or lists no port (MLNX_OFED hosts with an
+    old iproute2), reads ``ibdev2netdev`` instead. Returns ``(None, why)`` when neither answers, `why` quoting both.
+    """
+    out = target.run("rdma link show")
+    if out.ok:
+        try:
+            links = parse_rdma_link_text(out.stdout)
+        except UserError as exc:
+            first = exc.cause
+        else:
+            if links:
+                return {x.device: (x.is_up, f"{x.state} / {x.physical_state}") for x in links}, "rdma link show"
+            first = "`rdma link show` listed no port"
+    else:
+        first = f"`rdma link show`: {out.stderr.strip()[:160] or f'exit {out.rc}'}"
+    alt = target.run("ibdev2netdev")
+    if not alt.ok:
+        return None, f"{first}; `ibdev2netdev`: {alt.stderr.strip()[:100] or f'exit {alt.rc}'}"
+    try:
+        mapped = parse_ibdev2netdev(alt.stdout)
+    except UserError as exc:
+        return None, f"{first}; {exc.cause}"
+    if not mapped:
+        return None, f"{first}; `ibdev2netdev` listed no port"
+    return {m.device: (m.is_up, m.shown) for m in mapped}, "ibdev2netdev"
+
+
 def check_fabric_node(target: Target, recipe: Recipe, hostvars: dict) -> list[Row]:
     """Per-node fabric rows: RDMA link state and RoCE v2 GID index of every HCA of every rail.
 
@@ -145,29 +189,26 @@ def check_fabric_node(target: Target, recipe: Recipe, hostvars: dict) -> list[Ro
     host = target.name
     if recipe.fabric is None:
         return [skip(host, "fabric", "no fabric", f"recipe {recipe.name} has no fabric section")]
-    hcas = [(rail, hca) for rail in recipe.fabric.rails for hca in rail.hcas]
+    hcas = [(rail, hca) for rail in node_rails(recipe, host, hostvars) for hca in rail.hcas]
     if not rdma_devices(target):
         return [skip(host, f"fabric.{kind}.{hca}", "RDMA port", NO_RDMA) for _, hca in hcas for kind in ("link", "gid")]
     rows: list[Row] = []
-    links_out = target.run("rdma link show")
-    try:
-        links = {link.device: link for link in parse_rdma_link_text(links_out.stdout)} if links_out.ok else None
-    except UserError as exc:
-        links = None
-        links_out = type(links_out)(2, "", exc.cause)
+    links, why = port_states(target)
     for _rail, hca in hcas:
         if links is None:
-            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", links_out.stderr.strip()[:160], ERROR,
-                            "install iproute2 with the rdma tool; run as root"))
+            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", why, ERROR,
+                            "install iproute2 with the rdma tool (or MLNX_OFED's ibdev2netdev); run as root"))
             continue
         link = links.get(hca)
         if link is None:
-            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", f"no RDMA device {hca}", FAIL,
-                            "check fabric.rails[].hcas against `rdma link show` / `ibdev2netdev`"))
+            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", f"no RDMA device {hca} ({why})", FAIL,
+                            "check this host's rail HCAs (the recipe's fabric.rails[].hcas, or the inventory's "
+                            "ds4_rails.<rail>.hcas for this host) against `rdma link show` / `ibdev2netdev`"))
         else:
-            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", f"{link.state} / {link.physical_state}",
-                            PASS if link.is_up else FAIL, "" if link.is_up else
-                            "bring the port up (cable, `ip link set <netdev> up`)", "iproute2 rdma/link.c states"))
+            up, shown = link
+            rows.append(Row(host, f"fabric.link.{hca}", "ACTIVE / LINK_UP", shown, PASS if up else FAIL,
+                            "" if up else "bring the port up (cable, `ip link set <netdev> up`)",
+                            "iproute2 rdma/link.c states; mlnx-tools ibdev2netdev"))
     try:
         table = host_gid_table(target)
     except UserError as exc:
@@ -182,7 +223,7 @@ def check_fabric_node(target: Target, recipe: Recipe, hostvars: dict) -> list[Ro
             index = roce_v2_gid_index(table, hca, ipv4)
         except UserError as exc:
             rows.append(Row(host, f"fabric.gid.{hca}", f"RoCE v2 GID ::ffff:{ipv4}", exc.cause, FAIL, exc.fix,
-                            "shared/UPSTREAM.md sm121 GID resolution"))
+                            "docs/sources.md#gid-resolution"))
         else:
             rows.append(Row(host, f"fabric.gid.{hca}", f"RoCE v2 GID ::ffff:{ipv4}", f"index {index}", PASS, "",
                             "resolved on this node (the index differs per node and moves after reboots)"))
@@ -221,21 +262,22 @@ def _stop_servers(server: Target, pidfiles: Iterable[str]) -> None:
                    f"pkill -P \"$p\" 2>/dev/null; rm -f {pidfile} {base}.log; true", timeout=15)
 
 
-def run_ib_write_bw(server: Target, client: Target, jobs: list[tuple[str, int, str, int, int]]) -> list:
-    """Run ib_write_bw pairs at once: each job (hca, server gid, server address, client gid, port).
+def run_ib_write_bw(server: Target, client: Target, jobs: list[tuple[str, int, str, str, int, int]]) -> list:
+    """Run ib_write_bw pairs at once: each job (server hca, server gid, server address, client hca, client gid,
+    port); the two ends of a rail may have different HCA names (`ds4deploy.node_fabric`).
 
     Returns:
         Per job, the parsed `IbWriteBwResult` or the `UserError`/text explaining why there is none.
     """
-    pidfiles = _start_servers(server, [(hca, sgid, port) for hca, sgid, _addr, _cgid, port in jobs])
+    pidfiles = _start_servers(server, [(shca, sgid, port) for shca, sgid, _addr, _chca, _cgid, port in jobs])
     try:
-        cmds = [f"timeout {IB_SERVER_TIMEOUT_S} ib_write_bw -d {shlex.quote(hca)} -x {cgid} -F --report_gbits "
-                f"-D {IB_DURATION_S} -p {port} {shlex.quote(addr)}" for hca, _sgid, addr, cgid, port in jobs]
+        cmds = [f"timeout {IB_SERVER_TIMEOUT_S} ib_write_bw -d {shlex.quote(chca)} -x {cgid} -F --report_gbits "
+                f"-D {IB_DURATION_S} -p {port} {shlex.quote(addr)}" for _shca, _sgid, addr, chca, cgid, port in jobs]
         # All clients in one shell so both rails load the fabric at the same time; outputs split by a marker.
-        line = " & ".join(f"( {c} > /tmp/ds4deploy-ibbw-client-{j[4]}.log 2>&1 )" for c, j in zip(cmds, jobs,
+        line = " & ".join(f"( {c} > /tmp/ds4deploy-ibbw-client-{j[5]}.log 2>&1 )" for c, j in zip(cmds, jobs,
                                                                                                   strict=True))
-        line += " ; wait; " + "; ".join(f"echo '==== {j[4]}'; cat /tmp/ds4deploy-ibbw-client-{j[4]}.log; "
-                                        f"rm -f /tmp/ds4deploy-ibbw-client-{j[4]}.log" for j in jobs)
+        line += " ; wait; " + "; ".join(f"echo '==== {j[5]}'; cat /tmp/ds4deploy-ibbw-client-{j[5]}.log; "
+                                        f"rm -f /tmp/ds4deploy-ibbw-client-{j[5]}.log" for j in jobs)
         out = client.run(line, timeout=IB_SERVER_TIMEOUT_S + 30)
     finally:
         _stop_servers(server, pidfiles)
@@ -249,7 +291,7 @@ def run_ib_write_bw(server: Target, client: Target, jobs: list[tuple[str, int, s
             parts[current].append(text_line)
     results = []
     for job in jobs:
-        text = "\n".join(parts.get(job[4], []))
+        text = "\n".join(parts.get(job[5], []))
         try:
             results.append(parse_ib_write_bw(text))
         except UserError as exc:
@@ -259,7 +301,8 @@ def run_ib_write_bw(server: Target, client: Target, jobs: list[tuple[str, int, s
 
 def check_bandwidth(server: Target, server_vars: dict, client: Target, client_vars: dict,
                     recipe: Recipe) -> list[Row]:
-    """ib_write_bw from `client` to `server`, per rail and then both rails at once (rows on the client's host)."""
+    """ib_write_bw from `client` to `server`, per rail and then both rails at once (rows on the client's host), each
+    end on its own first HCA of the rail (`ds4deploy.node_fabric.node_rails`)."""
     host = client.name
     if recipe.fabric is None:
         return [skip(host, "fabric.ib_write_bw", "no fabric", f"recipe {recipe.name} has no fabric section")]
@@ -279,11 +322,13 @@ def check_bandwidth(server: Target, server_vars: dict, client: Target, client_va
     except UserError as exc:
         return [Row(host, n, e, exc.cause, ERROR, exc.fix) for n, e in zip(names, expects, strict=True)]
     jobs = []
+    theirs, mine = node_rails(recipe, server.name, server_vars), node_rails(recipe, host, client_vars)
     for i, rail in enumerate(rails):
-        hca, saddr, caddr = rail.hcas[0], _rail_ipv4(server_vars, rail), _rail_ipv4(client_vars, rail)
+        shca, chca = theirs[i].hcas[0], mine[i].hcas[0]
+        saddr, caddr = _rail_ipv4(server_vars, rail), _rail_ipv4(client_vars, rail)
         try:
-            jobs.append((hca, roce_v2_gid_index(stable, hca, saddr or ""), saddr,
-                         roce_v2_gid_index(ctable, hca, caddr or ""), IB_BASE_PORT + i))
+            jobs.append((shca, roce_v2_gid_index(stable, shca, saddr or ""), saddr,
+                         chca, roce_v2_gid_index(ctable, chca, caddr or ""), IB_BASE_PORT + i))
         except UserError as exc:
             return [Row(host, n, e, exc.cause, ERROR, exc.fix) for n, e in zip(names, expects, strict=True)]
     rows = []
@@ -314,11 +359,18 @@ def nccl_min_busbw_gbyte_s(recipe: Recipe) -> float:
     return NCCL_BUSBW_PER_RDMA * len(recipe.fabric.rails) * recipe.fabric.min_rail_gbit_s / 8
 
 
-def check_nccl(head: Target, hosts: list[str], recipe: Recipe) -> list[Row]:
+def check_nccl(head: Target, hosts: dict[str, dict], recipe: Recipe) -> list[Row]:
     """nccl-tests all_reduce_perf across `hosts` (mpirun from `head`), where nccl-tests and mpirun are installed.
 
+    Args:
+        head: the host mpirun starts from.
+        hosts: host name -> inventory variables, one rank per host.
+        recipe: the recipe (its fabric).
+
     Runs with ``NCCL_TESTS_MIN_BW`` set to the expected bus bandwidth so nccl-tests itself fails a slow run, and
-    NCCL_IB_HCA from the recipe.
+    each host's own NCCL_IB_HCA (`ds4deploy.node_fabric.nccl_ib_hca`): one mpirun app context per host, whose
+    program is ``env NCCL_IB_HCA=... all_reduce_perf``, so each rank gets its node's names (Open MPI's MPMD form,
+    ``mpirun <context> : <context>``, https://docs.open-mpi.org/en/main/man-openmpi/man1/mpirun.1.html).
     """
     host = head.name
     if recipe.fabric is None:
@@ -329,18 +381,26 @@ def check_nccl(head: Target, hosts: list[str], recipe: Recipe) -> list[Row]:
         return [skip(host, "fabric.nccl_all_reduce", expected, NO_RDMA)]
     if not head.run("command -v all_reduce_perf && command -v mpirun").ok:
         return [skip(host, "fabric.nccl_all_reduce", expected, "nccl-tests (all_reduce_perf) or mpirun not installed")]
-    env = f"-x NCCL_IB_HCA={','.join(recipe.fabric.nccl_ib_hca)} -x NCCL_TESTS_MIN_BW={need:.2f}"
-    out = head.run(f"mpirun --allow-run-as-root -np {len(hosts)} -H {','.join(hosts)} {env} "
-                   "all_reduce_perf -b 1G -e 1G -f 2 -g 1", timeout=600)
+    contexts = [f"-np 1 -H {shlex.quote(name)} env "
+                f"NCCL_IB_HCA={shlex.quote(','.join(nccl_ib_hca(recipe, node_rails(recipe, name, hv))))} "
+                f"NCCL_TESTS_MIN_BW={need:.2f} all_reduce_perf -b 1G -e 1G -f 2 -g 1" for name, hv in hosts.items()]
+    out = head.run("mpirun --allow-run-as-root " + " : ".join(contexts), timeout=600)
     try:
         result = parse_nccl_tests(out.stdout)
     except UserError as exc:
         return [Row(host, "fabric.nccl_all_reduce", expected, exc.cause, ERROR, exc.fix)]
+    if result.data_corrupt:
+        bad = [r for r in result.rows if (r.oop_wrong or 0) + (r.ip_wrong or 0) > 0]
+        where = f" in {len(bad)} of {len(result.rows)} sizes from {bad[0].size_bytes} B" if bad else ""
+        return [Row(host, "fabric.nccl_all_reduce", f"{expected}, 0 wrong elements",
+                    f"wrong results: {result.wrong_elements:,} wrong elements{where}, out-of-bounds "
+                    f"{result.out_of_bounds}", FAIL, NCCL_WRONG_FIX, NCCL_WRONG_SRC)]
     got = result.avg_busbw_gbyte_s or 0.0
     ok = got >= need and out.ok
     return [Row(host, "fabric.nccl_all_reduce", expected, f"{got:.2f} GB/s avg bus bandwidth",
                 PASS if ok else FAIL, "" if ok else "run the ib_write_bw rows first; check NCCL_IB_HCA names both "
-                "twin HCAs of every rail and the GID index per node", "SEEDS B: NCCL over both rails 21.6 GB/s")]
+                "twin HCAs of every rail and the GID index per node",
+                "docs/sources.md#gx10-roce-checklist: NCCL over both rails 21.6 GB/s")]
 
 
 def resolve_gid_index(hca: str, ipv4: str, sysfs: str | Path = "/sys") -> int:
@@ -354,81 +414,3 @@ def resolve_gid_index(hca: str, ipv4: str, sysfs: str | Path = "/sys") -> int:
         raise UserError(f"{NO_RDMA}: {sysfs}/class/infiniband does not exist",
                         "run this on a node with its RDMA (RoCE) ports, with the mlx5_ib module loaded")
     return roce_v2_gid_index(table, hca, ipv4)
-
-
-# NVIDIA NCCL user guide, Environment Variables (docs/env.rst): NCCL_IB_GID_INDEX "defines the Global ID index used
-# in RoCE mode" - one value for every HCA of the process; NCCL_IB_ADDR_FAMILY and NCCL_IB_ROCE_VERSION_NUM (since
-# 2.21) choose the GID NCCL picks per HCA "when NCCL_IB_GID_INDEX is left unset".
-NCCL_ENV_DOCS = "https://docs.nvidia.com/deeplearning/nccl/user-guide/docs/env.html"
-NOTHING_STARTED = "Nothing was started on any node."
-
-
-def launch_env(recipe: Recipe, node: str, rails: dict, dump: str, sysfs: str | Path = "/sys") -> dict:
-    """The per-node launch facts of a fabric recipe, resolved from that node's own GID table.
-
-    Every HCA of every rail of ``recipe.fabric`` is resolved against the node's address on that rail with
-    `roce_v2_gid_index`; NCCL_IB_GID_INDEX is a single value per engine process, so all of them must agree.
-    The index may differ between nodes (3 on one GB10 and 4 on its peer, see `ds4deploy.parsers.gids`): each node
-    gets its own.
-
-    Args:
-        recipe: the deployed recipe.
-        node: inventory host name (for the messages).
-        rails: the host's ``ds4_rails`` inventory value, ``{<rail name>: {"address": "a.b.c.d", ...}}``.
-        dump: the node's `gid_dump_command` output (empty: the node has no RDMA device).
-        sysfs: the root the dump was taken under.
-
-    Returns:
-        ``{"env": {"DS4_NCCL_IB_GID_INDEX": "<n>"}, "hcas": [{"rail", "hca", "address", "gid_index"}, ...]}``;
-        ``{"env": {}, "hcas": []}`` for a recipe without a fabric section.
-
-    Raises:
-        UserError: no RDMA device on the node, a rail without an address, an
-            HCA without (or with several) RoCE v2 GIDs of the rail address, or HCAs of one node resolving to
-            different indexes (these causes name the node); every fix ends with "Nothing was started".
-    """
-    if recipe.fabric is None:
-        return {"env": {}, "hcas": []}
-    # Every NCCL_IB_HCA entry is on exactly one rail: the recipe schema refuses anything else (Fabric validator).
-    wanted = [(rail, hca) for rail in recipe.fabric.rails for hca in rail.hcas]
-    root = str(sysfs).rstrip("/")
-    if not dump.strip():
-        raise UserError(
-            f"{node}: {NO_RDMA}: no GID table under {root}/class/infiniband, but recipe {recipe.name} runs NCCL over "
-            f"RoCE HCAs {', '.join(hca for _, hca in wanted)}",
-            "check the node's ConnectX ports with `rdma link show` / `ls /sys/class/infiniband` (mlx5_ib loaded, "
-            f"ports cabled and up), or deploy a recipe without a fabric section to this node. {NOTHING_STARTED}",
-        )
-    try:
-        table = gid_table_from_dump(dump, sysfs)
-    except UserError as exc:
-        raise UserError(f"{node}: {exc.cause}",
-                        f"check that the deploy reads {root}/class/infiniband as root on {node} (become) and that "
-                        f"its GID table is readable there (`cat {root}/class/infiniband/*/ports/1/gids/0`). "
-                        f"{NOTHING_STARTED}") from exc
-    resolved = []
-    for rail, hca in wanted:
-        address = ((rails or {}).get(rail.name) or {}).get("address")
-        if not address:
-            raise UserError(f"{node}: no ds4_rails.{rail.name}.address in the inventory (rail {rail.name} on "
-                            f"{rail.netdev}, HCA {hca})",
-                            f"give {node} its address on every rail (ds4_rails: {{{rail.name}: {{address: a.b.c.d}}}})"
-                            f". {NOTHING_STARTED}")
-        try:
-            index = roce_v2_gid_index(table, hca, str(address))
-        except UserError as exc:
-            raise UserError(f"{node}: {exc.cause}", f"{exc.fix}; then deploy again. {NOTHING_STARTED}") from exc
-        resolved.append({"rail": rail.name, "hca": hca, "address": str(address), "gid_index": index})
-    indexes = sorted({r["gid_index"] for r in resolved})
-    if len(indexes) > 1:
-        found = ", ".join(f"{r['hca']}={r['gid_index']} ({r['rail']} {r['address']})" for r in resolved)
-        raise UserError(
-            f"{node}: the RoCE v2 GID indexes of its HCAs differ ({found}); NCCL_IB_GID_INDEX is one value for "
-            "every HCA of the engine, so some HCAs would use a wrong GID",
-            "make the rail netplan identical on every port (no extra address, VLAN or macvlan on one rail netdev), "
-            "re-apply it (`ansible-playbook ansible/provision.yml --tags rails`, or `netplan apply` on the node) and "
-            "check each HCA with `ds4deploy fabric gid-index --hca <hca> --ipv4 <address>` on the node; or leave "
-            "NCCL_IB_GID_INDEX unset so NCCL (>= 2.21) picks each HCA's GID from NCCL_IB_ADDR_FAMILY=AF_INET and "
-            f"NCCL_IB_ROCE_VERSION_NUM=2 ({NCCL_ENV_DOCS}; needs a render change). {NOTHING_STARTED}",
-        )
-    return {"env": {"DS4_NCCL_IB_GID_INDEX": str(indexes[0])}, "hcas": resolved}

@@ -18,6 +18,7 @@ from ds4deploy.checks.report import ERROR, FAIL, PASS, Row, skip
 from ds4deploy.checks.target import Target
 from ds4deploy.errors import UserError
 from ds4deploy.parsers.nvidia_smi import parse_query_gpu
+from ds4deploy.preflight import SRC_MEMLOCK, needs_unlimited_memlock
 from ds4deploy.recipe import Recipe
 
 GPU_FIELDS = ["index", "name", "driver_version", "compute_cap", "persistence_mode", "power.limit",
@@ -98,7 +99,8 @@ def check_gpus(target: Target, recipe: Recipe) -> list[Row]:
         rows.append(Row(host, "gpu.power_limit", f"{g.power_limit_w} W", ", ".join(bad) or f"{limits[0]:g} W",
                         PASS if not bad else FAIL, "" if not bad else
                         f"run the gpu_tuning role; `systemctl status {TUNING_UNIT}`; N/A means the GPU has no "
-                        "settable power limit (GB10)", "recipe hardware.gpus.power_limit_w (SEEDS A: 150 W)"))
+                        "settable power limit (GB10)",
+                        "recipe hardware.gpus.power_limit_w (docs/sources.md#v100x8: 150 W)"))
     rows.append(_clock_row(target, recipe, gpus))
     return rows
 
@@ -113,7 +115,8 @@ def _clock_row(target: Target, recipe: Recipe, gpus: list[dict]) -> Row:
         return Row(host, "gpu.clocks", "not locked (driver default)", left or "not locked",
                    PASS if not left else FAIL, "" if not left else
                    "a clock setting remains from an earlier recipe: run the gpu_tuning role (it resets with "
-                   "`nvidia-smi -rgc`)", "SEEDS B: clocks left changed by a stray script skewed a benchmark")
+                   "`nvidia-smi -rgc`)",
+                   "docs/sources.md#gx10-benchmark-method: clocks left changed by a stray script skewed a benchmark")
     want = f"{lock},{lock}" if lock else f"0,{cap}"
     expected = f"locked at {lock} MHz" if lock else f"capped at {cap} MHz"
     max_mhz = min((x.get("clocks_max_graphics_mhz") or 10**6) for x in gpus)
@@ -128,7 +131,7 @@ def _clock_row(target: Target, recipe: Recipe, gpus: list[dict]) -> Row:
     return Row(host, "gpu.clocks", f"{expected} ({TUNING_UNIT})",
                f"range {got or 'unset'}, unit {state}", PASS if ok else FAIL, "" if ok else
                f"run the gpu_tuning role; then `systemctl status {TUNING_UNIT}`",
-               "recipe hardware.gpus.graphics_clock_*_mhz (SEEDS A: 1522 MHz lock)")
+               "recipe hardware.gpus.graphics_clock_*_mhz (docs/sources.md#v100x8: 1522 MHz lock)")
 
 
 def check_container_gpus(target: Target, recipe: Recipe, image: str | None = None) -> list[Row]:
@@ -180,21 +183,23 @@ def check_memory(target: Target, recipe: Recipe) -> list[Row]:
         rows.append(Row(host, "memory.ram_per_numa", f">= {need:.1f} GiB per node (95 % of {hw.ram_per_numa_gib})",
                         shown or "none", PASS if nodes and not small else FAIL,
                         "" if nodes and not small else "populate every memory channel of each socket equally "
-                        "(SEEDS C: one engine instance per NUMA node needs its RAM on that node)",
+                        "(docs/sources.md#rtx3090-xeon: one engine instance per NUMA node needs its RAM on that node)",
                         "recipe hardware.ram_per_numa_gib"))
     if recipe.instances is not None or hw.numa_nodes > 1:
         found = target.run("command -v numactl")
         rows.append(Row(host, "memory.numactl", "installed", found.stdout.strip() or "missing",
                         PASS if found.ok else FAIL, "" if found.ok else "install numactl (memory_numa role)",
-                        "SEEDS C: each instance pinned with numactl --membind"))
+                        "docs/sources.md#rtx3090-xeon: each instance pinned with numactl --membind"))
     else:
         rows.append(skip(host, "memory.numactl", "installed", "one NUMA node and one instance: no pinning"))
-    if recipe.container.memlock_unlimited:
+    # A fabric / InfiniBand recipe needs it whatever container.memlock_unlimited says (preflight rule rdma-memlock).
+    if recipe.container.memlock_unlimited or needs_unlimited_memlock(recipe):
         lim = target.run("ulimit -l").stdout.strip()
         ok = lim == "unlimited"
         rows.append(Row(host, "memory.memlock", "unlimited", lim or "?", PASS if ok else FAIL, "" if ok else
-                        "run the memory_numa role (limits.d memlock unlimited), then log in again",
-                        "recipe container.memlock_unlimited (RDMA registers pinned memory)"))
+                        "set container.memlock_unlimited: true and run the memory_numa role (limits.d memlock "
+                        "unlimited), then log in again",
+                        "recipe container.memlock_unlimited (RDMA registers pinned memory); " + SRC_MEMLOCK))
     else:
         rows.append(skip(host, "memory.memlock", "unlimited", "recipe does not ask for unlimited memlock"))
     return rows
@@ -225,7 +230,7 @@ def check_model_dir(target: Target, recipe: Recipe) -> list[Row]:
     got = out.stdout.strip()
     return [Row(host, "storage.model_dir", f"{path} owned by {want}", got, PASS if got == want else FAIL,
                 "" if got == want else f"chown -R {want} {path} (model_storage role)",
-                "shared/UPSTREAM.md: the HF cache must be owned by the container user")]
+                "docs/sources.md#hf-cache-owner: the HF cache must be owned by the container user")]
 
 
 def check_host(target: Target, recipe: Recipe) -> list[Row]:

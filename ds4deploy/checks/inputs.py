@@ -1,15 +1,12 @@
-"""Bad input, caught on the control host before any host is changed; and the variables the provisioning roles read.
+"""Bad input, caught on the control host before any host is changed (`ds4deploy.playvars` runs both at the start).
 
-`validate_inputs(recipe, hosts)` refuses, with one message line per problem:
-
-- an inventory host without an address for one of the recipe's rails (``ds4_rails.<rail>.address``, the
-  inventory shape `ds4deploy.preflight` documents), an address that is not IPv4 or not inside the rail's subnet;
-- two nodes (or two rails) given the same address;
-- a recipe asking for GPU clocks or a power limit the GPU model cannot do, judged against `GPU_DATASHEET`
-  (the roles check again against ``nvidia-smi`` on hosts that have the GPU, before changing anything).
-
-`provision_vars(recipe)` is every ``ds4_*`` value the provisioning roles need beyond compose/<recipe>/deploy-vars.yml,
-derived from the recipe alone (value written once, in the recipe).
+- `rail_problems(recipe, hosts)`: an inventory host without an address for one of the recipe's rails
+  (``ds4_rails.<rail>.address``, the inventory shape `ds4deploy.preflight` documents), an address that is not IPv4
+  or not a host address inside the rail's subnet, or one address given twice (two nodes or two rails). The one
+  copy of this rule: the preflight rule rails-addresses reports it.
+- `gpu_request_problems(recipe)`: GPU clocks or a power limit the GPU model cannot do, judged against
+  `GPU_DATASHEET` (the gpu_tuning role checks again against ``nvidia-smi`` on hosts that have the GPU, before
+  changing anything).
 """
 
 from __future__ import annotations
@@ -17,7 +14,7 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from ds4deploy.errors import UserError
+from ds4deploy import node_fabric
 from ds4deploy.recipe import Recipe
 
 
@@ -45,7 +42,7 @@ GPU_DATASHEET: dict[str, GpuDatasheet] = {
     "V100-SXM2": GpuDatasheet(
         max_graphics_mhz=1530, boost_mhz=1530, max_power_limit_w=300, power_limit_settable=True,
         source="NVIDIA Tesla V100 datasheet: V100 SXM2 GPU Boost clock 1530 MHz, max power 300 W "
-               "(SEEDS A locks 1522 MHz at 150 W, inside both)",
+               "(docs/sources.md#v100x8 locks 1522 MHz at 150 W, inside both)",
     ),
     "RTX 3090": GpuDatasheet(
         max_graphics_mhz=2100, boost_mhz=1695, max_power_limit_w=350, power_limit_settable=True,
@@ -58,7 +55,8 @@ GPU_DATASHEET: dict[str, GpuDatasheet] = {
         source="NVIDIA publishes no GB10 graphics clock (the DGX Spark spec page gives only FP4 TOPS; see "
                "huggingface/huggingface.js PR #1861); an SM clock of 2528 MHz was captured "
                "(tests/unit/fixtures/parsers/nvidia_smi-smart-city-gb10.txt) and caps up to 2800 MHz were "
-               "accepted (SEEDS B sweep); NVML reports the power limit N/A (shared/UPSTREAM.md, NVML on GB10)",
+               "accepted (docs/sources.md#gx10-clock-caps); NVML reports the power limit N/A "
+               "(docs/sources.md#nvml-gb10)",
     ),
 }
 
@@ -124,18 +122,23 @@ def rail_problems(recipe: Recipe, hosts: dict[str, dict]) -> list[str]:
     """Problems with the inventory's rail addresses for a fabric recipe (none for a recipe without fabric).
 
     Each host needs ``ds4_rails.<rail>.address`` for every rail of the recipe: an IPv4 host address inside the
-    rail's subnet, used by no other host or rail (SEEDS B RoCE checklist: both ports need an IP, the GID is
-    derived from it; preflight rule rails-addresses).
+    rail's subnet, used by no other host or rail (docs/sources.md#gx10-roce-checklist: both ports need an IP, the
+    GID is derived from it); and the host's netdev/HCA overrides must be right (`ds4deploy.node_fabric`). The
+    preflight rule rails-addresses reports these problems.
     """
     if recipe.fabric is None:
         return []
     out: list[str] = []
     seen: dict[ipaddress.IPv4Address, str] = {}
     for host, hv in hosts.items():
-        facts = hv.get("ds4_rails") or {}
-        for rail in recipe.fabric.rails:
+        named = node_fabric.host_problems(recipe, host, hv)
+        out += named
+        facts = hv.get("ds4_rails") if isinstance(hv.get("ds4_rails"), dict) else {}
+        rails = recipe.fabric.rails if named else node_fabric.node_rails(recipe, host, hv, checked=True)
+        for rail in rails:
             net = ipaddress.ip_network(rail.subnet)
-            raw = (facts.get(rail.name) or {}).get("address")
+            entry = facts.get(rail.name)
+            raw = entry.get("address") if isinstance(entry, dict) else None
             where = f"{host}: ds4_rails.{rail.name}.address"
             if raw is None:
                 out.append(f"{where} is missing (rail {rail.name} on {rail.netdev}, subnet {net})")
@@ -152,62 +155,3 @@ def rail_problems(recipe: Recipe, hosts: dict[str, dict]) -> list[str]:
             else:
                 seen[addr] = f"{host} ({rail.name})"
     return out
-
-
-def validate_inputs(recipe: Recipe, hosts: dict[str, dict]) -> None:
-    """Refuse bad inventory or recipe input before any host is touched.
-
-    Raises:
-        UserError: listing every problem found by `rail_problems` and `gpu_request_problems` (datasheet), one
-            line each.
-    """
-    problems = rail_problems(recipe, hosts) + gpu_request_problems(recipe)
-    if problems:
-        raise UserError(
-            f"{len(problems)} problem(s) with the inventory or recipe {recipe.name}, nothing was changed:\n  "
-            + "\n  ".join(problems),
-            "give every host an address per rail in the rail's subnet (ds4_rails: {<rail>: {address: a.b.c.d}}), "
-            "each address once; ask only for clocks and power limits the GPU supports",
-        )
-
-
-def provision_vars(recipe: Recipe) -> dict:
-    """The ``ds4_*`` variables the provisioning roles read, derived from `recipe` (JSON/YAML-serialisable).
-
-    Keys (units in the names): ds4_gpu_model, ds4_gpu_unified_memory, ds4_gpu_power_limit_w,
-    ds4_gpu_clock_lock_mhz, ds4_gpu_clock_cap_mhz, ds4_gpu_max_graphics_mhz (datasheet, or null),
-    ds4_driver_min_version / ds4_driver_source (from engine.cuda's major version, or null), ds4_known_bad_kernels
-    (list of {release, reason, source}), ds4_numa_nodes, ds4_ram_per_numa_gib, ds4_memlock_unlimited,
-    ds4_container_uid / ds4_container_gid (engine.image.user), ds4_fabric_rails (list of {name, netdev, hcas,
-    subnet, prefix, mtu}), ds4_fabric_master_port, ds4_fabric_nccl_ib_hca, ds4_fabric_min_rail_gbit_s.
-    """
-    g, hw = recipe.hardware.gpus, recipe.hardware
-    sheet = datasheet_for(g.model)
-    cuda_major = recipe.engine.cuda.cudart.split(".")[0] if recipe.engine.cuda else None
-    driver = DRIVER_FOR_CUDA.get(cuda_major) if cuda_major else None
-    uid, _, gid = recipe.engine.image.user.partition(":")
-    fabric = recipe.fabric
-    return {
-        "ds4_gpu_model": g.model,
-        "ds4_gpu_unified_memory": g.unified_memory,
-        "ds4_gpu_power_limit_w": g.power_limit_w,
-        "ds4_gpu_clock_lock_mhz": g.graphics_clock_lock_mhz,
-        "ds4_gpu_clock_cap_mhz": g.graphics_clock_cap_mhz,
-        "ds4_gpu_max_graphics_mhz": sheet.max_graphics_mhz if sheet else None,
-        "ds4_driver_min_version": driver[0] if driver else None,
-        "ds4_driver_source": driver[1] if driver else None,
-        "ds4_known_bad_kernels": [k.model_dump() for k in hw.known_bad_kernels],
-        "ds4_numa_nodes": hw.numa_nodes,
-        "ds4_ram_per_numa_gib": hw.ram_per_numa_gib,
-        "ds4_memlock_unlimited": recipe.container.memlock_unlimited,
-        "ds4_container_uid": int(uid) if uid.isdigit() else 0,
-        "ds4_container_gid": int(gid) if gid.isdigit() else 0,
-        "ds4_fabric_rails": [
-            {"name": r.name, "netdev": r.netdev, "hcas": list(r.hcas), "subnet": r.subnet,
-             "prefix": ipaddress.ip_network(r.subnet).prefixlen, "mtu": r.mtu}
-            for r in (fabric.rails if fabric else [])
-        ],
-        "ds4_fabric_master_port": fabric.master_port if fabric else None,
-        "ds4_fabric_nccl_ib_hca": list(fabric.nccl_ib_hca) if fabric else [],
-        "ds4_fabric_min_rail_gbit_s": fabric.min_rail_gbit_s if fabric else None,
-    }

@@ -2,17 +2,20 @@
 
 Per rail (``rails.<what>.<rail>``):
 
-- ``link``: the netdev exists, is not enslaved to a bond (SEEDS B: no LACP bonding) and its operstate is ``up``.
+- ``link``: the netdev exists, is not enslaved to a bond (docs/sources.md#gx10-roce-checklist) and its operstate is
+  ``up``.
 - ``address``: the netdev carries exactly the inventory's address with the rail's prefix, and no address of
-  another rail's subnet (SEEDS B: rails on one subnet pin routing to one rail, ~110 instead of 196 Gb/s).
-- ``mtu``: the netdev MTU is the recipe's (9000; shared/UPSTREAM.md netplan per rail).
+  another rail's subnet (docs/sources.md#gx10-roce-checklist: rails on one subnet pin routing to one rail).
+- ``mtu``: the netdev MTU is the recipe's (9000; docs/sources.md#rail-netplan).
 - ``speed``: link speed >= fabric.min_rail_gbit_s; skipped on virtual netdevs (veth: no physical link speed).
 - ``route.<peer>``: the kernel routes the peer's rail address out of this rail's netdev.
 - ``jumbo.<peer>``: a don't-fragment ping of MTU-28 bytes (20 IPv4 + 8 ICMP header bytes) reaches the peer's rail
-  address (shared/UPSTREAM.md: verify jumbo frames end to end); when it fails, a small ping tells "peer
+  address (docs/sources.md#jumbo-frames); when it fails, a small ping tells "peer
   unreachable" from "jumbo frames do not pass".
 
-Host facts come from the inventory the preflight rules read: ``ds4_rails: {<rail>: {address: a.b.c.d}}``.
+Host facts come from the inventory the preflight rules read: ``ds4_rails: {<rail>: {address: a.b.c.d}}``, with
+the host's own netdev names where it overrides the recipe's (``ds4_rails.<rail>.netdev``,
+`ds4deploy.node_fabric.node_rails`): each host is checked on its own netdevs.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ import shlex
 
 from ds4deploy.checks.report import ERROR, FAIL, PASS, Row, skip
 from ds4deploy.checks.target import Target
+from ds4deploy.node_fabric import node_rails
 from ds4deploy.recipe import Rail, Recipe
 
-SRC_SUBNETS = "SEEDS B RoCE checklist: rails on one subnet pin routing to one rail"
-SRC_MTU = "recipe fabric.rails[].mtu; shared/UPSTREAM.md: netplan mtu 9000, DF ping of MTU-28 bytes"
+SRC_SUBNETS = "docs/sources.md#gx10-roce-checklist: rails on one subnet pin routing to one rail"
+SRC_MTU = "recipe fabric.rails[].mtu; docs/sources.md#rail-netplan, #jumbo-frames: DF ping of MTU-28 bytes"
 SRC_SPEED = "recipe fabric.min_rail_gbit_s"
 IP_AND_ICMP_HEADER_BYTES = 28  # IPv4 header 20 + ICMP echo header 8: the largest DF payload is MTU - 28
 
@@ -67,18 +71,23 @@ def check_rails(target: Target, recipe: Recipe, hostvars: dict, peers: dict[str,
     Args:
         target: the host.
         recipe: the recipe (its fabric.rails and min_rail_gbit_s).
-        hostvars: this host's inventory variables (ds4_rails).
+        hostvars: this host's inventory variables (ds4_rails: addresses, and netdev names where they differ from
+            the recipe's).
         peers: the other fabric hosts' inventory variables, by host name (their rail addresses are ping targets).
 
     Returns:
         Rows in rail order; a single skip row when the recipe has no fabric.
+
+    Raises:
+        UserError: a host's rail name overrides are wrong (`ds4deploy.node_fabric.host_problems`).
     """
     host = target.name
     if recipe.fabric is None:
         return [skip(host, "rails", "no rails", f"recipe {recipe.name} has no fabric section")]
     rows: list[Row] = []
     subnets = {r.name: ipaddress.ip_network(r.subnet) for r in recipe.fabric.rails}
-    for rail in recipe.fabric.rails:
+    peer_rails = {p: {r.name: r for r in node_rails(recipe, p, pv)} for p, pv in peers.items()}
+    for rail in node_rails(recipe, host, hostvars):
         net = subnets[rail.name]
         want = rail_address(hostvars, rail)
         try:
@@ -89,13 +98,15 @@ def check_rails(target: Target, recipe: Recipe, hostvars: dict, peers: dict[str,
             continue
         if facts is None:
             rows.append(Row(host, f"rails.link.{rail.name}", f"{rail.netdev} up", f"no netdev {rail.netdev}", FAIL,
-                            f"check the cabling and the recipe's fabric.rails[{rail.name}].netdev (`ip link`)"))
+                            f"check the cabling and this host's netdev for {rail.name} (the recipe's "
+                            f"fabric.rails[].netdev or the inventory's ds4_rails.{rail.name}.netdev) against "
+                            "`ip link`"))
             continue
         if facts.get("master"):
             rows.append(Row(host, f"rails.link.{rail.name}", f"{rail.netdev} up, not bonded",
                             f"enslaved to {facts['master']}", FAIL,
-                            "remove the bond: one netplan ethernets entry per rail, no bonds (SEEDS B: no LACP)",
-                            "SEEDS B RoCE checklist"))
+                            "remove the bond: one netplan ethernets entry per rail, no bonds (no LACP)",
+                            "docs/sources.md#gx10-roce-checklist"))
         elif facts.get("operstate") != "up":
             rows.append(Row(host, f"rails.link.{rail.name}", f"{rail.netdev} up",
                             f"{rail.netdev} operstate {facts.get('operstate')}", FAIL,
@@ -127,7 +138,7 @@ def check_rails(target: Target, recipe: Recipe, hostvars: dict, peers: dict[str,
             elif [str(a) for a in have] != [expected]:
                 rows.append(Row(host, f"rails.address.{rail.name}", expected, shown, FAIL,
                                 f"set {rail.netdev} to exactly {expected} (netplan addresses, dhcp4: false), "
-                                "then `netplan apply`", "SEEDS B: both ports need an IP (the GID is derived from it)"))
+                                "then `netplan apply`", "docs/sources.md#gx10-roce-checklist: both ports need an IP"))
             else:
                 rows.append(Row(host, f"rails.address.{rail.name}", expected, shown, PASS))
 
@@ -148,11 +159,14 @@ def check_rails(target: Target, recipe: Recipe, hostvars: dict, peers: dict[str,
                             "the port negotiated a lower speed: check the cable/transceiver and `ethtool "
                             f"{rail.netdev}`", SRC_SPEED))
 
-        rows += _peer_rows(target, rail, facts, have, peers)
+        rows += _peer_rows(target, rail, facts, have, peers, {p: rs[rail.name] for p, rs in peer_rails.items()})
     return rows
 
 
-def _peer_rows(target: Target, rail: Rail, facts: dict, have: list, peers: dict[str, dict]) -> list[Row]:
+def _peer_rows(target: Target, rail: Rail, facts: dict, have: list, peers: dict[str, dict],
+               theirs: dict[str, Rail]) -> list[Row]:
+    """Route and jumbo-frame rows from this host's `rail` to each peer's address on it; `theirs` is each peer's
+    own view of the rail (its netdev name may differ from this host's)."""
     host, rows = target.name, []
     for peer, pv in peers.items():
         addr = rail_address(pv, rail)
@@ -188,11 +202,12 @@ def _peer_rows(target: Target, rail: Rail, facts: dict, have: list, peers: dict[
             why, fix = f"{rail.netdev} is down or has no address", "fix this rail's link/address rows first"
         elif small.ok:
             why = f"small pings reply, {want_size}-byte DF pings do not ({size + IP_AND_ICMP_HEADER_BYTES} MTU here)"
-            fix = (f"jumbo frames do not pass end to end: set MTU {rail.mtu} on {peer}'s {rail.netdev} and on any "
+            fix = (f"jumbo frames do not pass end to end: set MTU {rail.mtu} on {peer}'s {theirs[peer].netdev} and "
+                   "on any "
                    "switch port between them")
         else:
             why, fix = (f"{addr} does not answer at all",
-                        f"check {peer}'s {rail.netdev} (up, address {addr}) and the cable")
+                        f"check {peer}'s {theirs[peer].netdev} (up, address {addr}) and the cable")
         rows.append(Row(host, f"rails.jumbo.{rail.name}.{peer}", f"DF ping {want_size} B to {addr}", why, FAIL,
                         fix, SRC_MTU))
     return rows

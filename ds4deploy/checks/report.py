@@ -3,8 +3,8 @@
 Verdicts: ``pass``; ``fail`` (the check ran and the host is wrong: remediation says what to do); ``skip`` (the
 check does not apply: the host lacks the hardware or the recipe does not ask for it; `measured` gives the reason,
 e.g. "skipped: no RDMA device"); ``error`` (the check could not run: a command was missing, the host did not
-answer). Exit codes follow NVIDIA deepops validation scripts (shared/STYLE.md): 0 all passed (skips allowed),
-1 at least one check failed, 2 nothing failed but at least one check could not run.
+answer). Exit codes follow NVIDIA deepops validation scripts (docs/sources.md#deepops-exit-codes): 0 all passed (skips
+allowed), 1 at least one check failed, 2 nothing failed but at least one check could not run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class Row:
         measured: what the host reports, with units; for a skip, the reason.
         verdict: one of pass, fail, skip, error.
         remediation: what to do when the verdict is fail or error (empty for pass/skip).
-        source: where the expectation comes from (recipe key, seed system, report).
+        source: where the expectation comes from (recipe key, docs/sources.md#<anchor>, report).
     """
 
     host: str

@@ -7,10 +7,7 @@ head) and each other one (client side).
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
+from ds4deploy import node_fabric
 from ds4deploy.checks import fabric, host, rails
 from ds4deploy.checks.report import ERROR, PASS, Row
 from ds4deploy.checks.target import CONNECT_TIMEOUT_S, Target, target_for
@@ -18,33 +15,6 @@ from ds4deploy.errors import UserError
 from ds4deploy.recipe import Recipe
 
 GROUPS = ("host", "rails", "fabric")
-
-
-def inventory_groups(path: Path) -> dict[str, list[str]]:
-    """Group name -> host names (direct and through children) of a YAML inventory; ``all`` holds every host.
-
-    Raises:
-        UserError: the file cannot be read or is not a YAML mapping.
-    """
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise UserError(f"cannot read inventory {path}: {exc}", "pass a YAML Ansible inventory") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path} is not a YAML Ansible inventory", "start from ansible/inventories/local.yml")
-    groups: dict[str, list[str]] = {}
-
-    def walk(name: str, group: dict) -> list[str]:
-        members = list((group.get("hosts") or {}).keys())
-        for child, body in (group.get("children") or {}).items():
-            members += walk(child, body or {})
-        groups[name] = list(dict.fromkeys(groups.get(name, []) + members))
-        return members
-
-    for name, body in data.items():
-        walk(name, body or {})
-    groups["all"] = list(dict.fromkeys(h for members in groups.values() for h in members))
-    return groups
 
 
 def select_hosts(hosts: dict[str, dict], groups: dict[str, list[str]], limit: str | None) -> dict[str, dict]:
@@ -82,7 +52,7 @@ def run_checks(recipe: Recipe, hosts: dict[str, dict], groups: tuple[str, ...] =
 
     Args:
         recipe: the recipe whose expectations apply.
-        hosts: host name -> inventory variables (`ds4deploy.preflight.load_inventory`).
+        hosts: host name -> inventory variables (`ds4deploy.inventory.read_inventory`).
         groups: any of ``host``, ``rails``, ``fabric``.
         targets: transports by host name (default: `target_for` each host).
 
@@ -90,11 +60,12 @@ def run_checks(recipe: Recipe, hosts: dict[str, dict], groups: tuple[str, ...] =
         Rows, host by host, in the order of `groups`.
 
     Raises:
-        UserError: an unknown group name.
+        UserError: an unknown group name, or wrong per-node rail names (`ds4deploy.node_fabric.check_hosts`).
     """
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:
         raise UserError(f"unknown check group(s): {', '.join(unknown)}", f"use any of: {', '.join(GROUPS)}")
+    node_fabric.check_hosts(recipe, hosts)
     targets = targets or {name: target_for(name, hv) for name, hv in hosts.items()}
     rows: list[Row] = []
     up: list[str] = []
@@ -116,6 +87,6 @@ def run_checks(recipe: Recipe, hosts: dict[str, dict], groups: tuple[str, ...] =
         head = up[0]
         for other in up[1:]:
             rows += fabric.check_bandwidth(targets[head], hosts[head], targets[other], hosts[other], recipe)
-        rows += fabric.check_nccl(targets[head], up, recipe)
+        rows += fabric.check_nccl(targets[head], {name: hosts[name] for name in up}, recipe)
     order = {name: i for i, name in enumerate(hosts)}
     return sorted(rows, key=lambda r: order.get(r.host, len(order)))

@@ -8,7 +8,8 @@
 - anything else: ``ssh`` to ``ansible_host`` (default: the host name) as ``ansible_user`` on ``ansible_port``,
   with BatchMode (never a password prompt) and a connect timeout.
 
-`TestinfraTarget` wraps a testinfra ``host`` fixture instead, so the same checks run from tests/infra.
+tests/support/testinfra_support.py wraps a testinfra ``host`` fixture the same way, so the checks also run from
+tests/infra.
 """
 
 from __future__ import annotations
@@ -73,23 +74,6 @@ class ShellTarget:
         except FileNotFoundError as exc:
             return Result(127, "", str(exc))
         return Result(done.returncode, done.stdout, done.stderr)
-
-
-@dataclass
-class TestinfraTarget:
-    """A testinfra host (the ``host`` fixture), optionally inside a network namespace of that host."""
-
-    name: str
-    host: object
-    netns: str | None = None
-
-    def run(self, cmd: str, timeout: float = 60.0) -> Result:
-        """Run `cmd` through testinfra, wrapped in coreutils ``timeout`` so a hung command cannot stall the run."""
-        line = f"timeout {int(timeout)} sh -c {shlex.quote(cmd)}"
-        if self.netns:
-            line = f"ip netns exec {shlex.quote(self.netns)} {line}"
-        out = self.host.run(line)
-        return Result(out.rc, out.stdout, out.stderr)
 
 
 def target_for(name: str, hostvars: dict) -> ShellTarget:

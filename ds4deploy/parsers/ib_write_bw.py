@@ -30,7 +30,7 @@ run."). A printed 0.00 peak therefore means "not measured": it is returned as ``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ds4deploy.errors import UserError
 
@@ -39,8 +39,9 @@ _GBIT_PER_MIB = 1048576 * 8 / 1e9
 
 _RESULT_HEADER = re.compile(
     r"#bytes\s+#iterations\s+BW peak\[(Gb/sec|MB/sec)\]\s+BW average\[(Gb/sec|MB/sec)\]\s+MsgRate\[Mpps\]"
+    r"(?P<extra>.*)$"
 )
-_ROW = re.compile(r"^\s*(\d+)\s+(\d+)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s+(\d+(?:\.\d+)?)\s*$")
+_NUMBER = re.compile(r"^\d+(?:\.\d+)?$")
 _SEPARATOR = re.compile(r"^\s*-{20,}\s*$")
 _TITLE = re.compile(r"^\s*(\S.*(?:BW|Latency) Test)\s*$")
 _PAIR = re.compile(r"([A-Za-z][\w*.-]*(?: [\w*.-]+)*)\s*:\s*(\S+)")
@@ -50,6 +51,57 @@ FIX_RERUN = (
     "rerun ib_write_bw with --report_gbits and capture its whole stdout (server started first, client "
     "pointed at the peer's rail address); see `ib_write_bw --help`"
 )
+
+# perftest's own failure lines, by cause, with the fix for that cause. The texts are perftest's (linux-rdma/perftest
+# src/perftest_communication.c and perftest_resources.c); captures in tests/unit/fixtures/parsers/SOURCES.md.
+PERFTEST_FAILURES: tuple[tuple[str, tuple[str, ...], str], ...] = (
+    ("no RDMA device", ("did not detect devices", "unable to find the infiniband/roce device",
+                        "if device exists, check if driver is up", "no ib devices found",
+                        "couldn't get context for the device"),
+     "no RDMA device is visible where ib_write_bw ran: load the driver (`modprobe mlx5_ib`) and check "
+     "`ibv_devices` / `rdma link show`; inside a container pass /dev/infiniband; the device given with -d must be "
+     "one of those listed"),
+    ("TCP connection to the server", ("couldn't connect to", "unable to open file descriptor for socket",
+                                      "unable to init the socket connection"),
+     "the client could not reach the ib_write_bw server over TCP (perftest exchanges the RDMA connection data over "
+     "a TCP socket first): start the server before the client with the same -p port, point the client at the "
+     "server's rail address, check that address answers (`ping -I <rail netdev> <address>`) and that no firewall "
+     "drops the port"),
+    ("rdma_cm connection", ("rdma cm event error", "failed to handle rdma cm event", "failed to connect rdma cm",
+                            "unable to perform rdma_client function", "rdma_cm_event_rejected",
+                            "rdma_cm_event_unreachable", "rdma_cm_event_addr_error", "rdma_cm_event_route_error"),
+     "rdma_cm (-R) could not connect: it resolves the peer through the IP address of an RDMA netdev, so use the "
+     "server's rail address (not a host name or a management address), give both rail netdevs their addresses, "
+     "and run the server with -R too (REJECTED: nothing listened on that port)"),
+    ("RDMA connection after the TCP exchange", ("couldn't read remote address", "failed to exchange data between",
+                                                "failed to modify qp to rts", "failed to modify qp to rtr",
+                                                "unable to connect the hca's through the link"),
+     "the peers exchanged their connection data but the RDMA connection failed: give each side its own RoCE v2 "
+     "GID index with -x (resolve it per node with `ds4deploy fabric gid-index --hca <hca> --ipv4 <address>`), "
+     "and check that both rail addresses are in one subnet with the same MTU"),
+    ("RDMA resources", ("unable to create qp", "failed to create qp", "couldn't create ib resources",
+                        "couldn't allocate mr", "failed to create mr", "couldn't create cq"),
+     "ib_write_bw could not create its RDMA resources: lift the locked-memory limit (`ulimit -l unlimited`; in a "
+     "container --ulimit memlock=-1 and CAP_IPC_LOCK) and check the device supports the options given (queue "
+     "pairs -q, inline size -I)"),
+)
+
+
+def perftest_failure(lines: list[str]) -> UserError | None:
+    """The `UserError` for output in which perftest reported its own failure, quoting its lines, or None.
+
+    Args:
+        lines: the captured output's lines.
+    Returns:
+        A UserError whose cause names the kind of failure and quotes perftest's failure lines (at most 4), and
+        whose fix addresses that kind; None when no line is one of perftest's failure messages.
+    """
+    for kind, needles, fix in PERFTEST_FAILURES:
+        quoted = [line.strip() for line in lines if any(n in line.lower() for n in needles)]
+        if quoted:
+            shown = "; ".join(f"'{q}'" for q in quoted[:4])
+            return UserError(f"ib_write_bw failed ({kind}) before printing a result table: {shown}", fix)
+    return None
 
 
 @dataclass(frozen=True)
@@ -64,6 +116,8 @@ class PerftestRow:
         bw_avg_gbit_s: average bandwidth in Gb/s (10^9 bit/s), converted from MiB/s when the run lacked
             ``--report_gbits``.
         msg_rate_mpps: message rate in millions of messages per second.
+        extra: further result columns the run asked for, header name -> value as printed, e.g.
+            ``{"CPU_Util[%]": 4.0}`` with ``--cpu_util``.
     """
 
     size_bytes: int
@@ -71,6 +125,12 @@ class PerftestRow:
     bw_peak_gbit_s: float | None
     bw_avg_gbit_s: float
     msg_rate_mpps: float
+    extra: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_util_pct(self) -> float | None:
+        """CPU utilisation in percent (``--cpu_util``'s ``CPU_Util[%]`` column), None when not printed."""
+        return self.extra.get("CPU_Util[%]")
 
 
 @dataclass(frozen=True)
@@ -111,10 +171,6 @@ class IbWriteBwResult:
         """Peak bandwidth of the last row in Gb/s, or ``None`` when perftest did not measure a peak."""
         return self.rows[-1].bw_peak_gbit_s
 
-    @property
-    def peak_measured(self) -> bool:
-        """Whether any row carries a measured peak (False for ``-D``/``--run_infinitely`` runs)."""
-        return any(row.bw_peak_gbit_s is not None for row in self.rows)
 
 
 def _header_fields(lines: list[str]) -> dict[str, str]:
@@ -142,19 +198,25 @@ def parse_ib_write_bw(text: str) -> IbWriteBwResult:
 
     Args:
         text: captured output, either side (server or client), any perftest version that prints the
-            ``#bytes #iterations BW peak[...] BW average[...] MsgRate[Mpps]`` table.
+            ``#bytes #iterations BW peak[...] BW average[...] MsgRate[Mpps]`` table, with any further columns
+            the run asked for after MsgRate (``CPU_Util[%]`` with ``--cpu_util``), read into `PerftestRow.extra`.
 
     Returns:
         `IbWriteBwResult`; bandwidths in Gb/s (10^9 bit/s) whatever the tool printed.
 
     Raises:
-        UserError: the text is not a perftest bandwidth run (no result table, or a latency test), or it
-            stops before or inside the first result row (truncated capture, crashed peer).
+        UserError: perftest printed its own failure lines and no table (the cause quotes them and names the
+            kind: no device, TCP connection, rdma_cm, RDMA connection, resources; the fix addresses that kind);
+            the text is not a perftest bandwidth run (no result table, or a latency test); or it stops before or
+            inside the first result row (truncated capture, crashed peer).
     """
     lines = text.splitlines()
     header_at = next((i for i, line in enumerate(lines) if _RESULT_HEADER.search(line)), None)
     title_at = next((i for i, line in enumerate(lines) if _TITLE.match(line)), None)
     if header_at is None:
+        failure = perftest_failure(lines)
+        if failure is not None:
+            raise failure
         if title_at is not None and "Latency" in lines[title_at]:
             raise UserError(
                 f"expected ib_write_bw bandwidth output, got a perftest latency test ({lines[title_at].strip()!r})",
@@ -171,7 +233,9 @@ def parse_ib_write_bw(text: str) -> IbWriteBwResult:
             "MsgRate[Mpps]' table), found none",
             FIX_RERUN,
         )
-    peak_unit, avg_unit = _RESULT_HEADER.search(lines[header_at]).groups()
+    header = _RESULT_HEADER.search(lines[header_at])
+    peak_unit, avg_unit = header.group(1), header.group(2)
+    extra_names = header.group("extra").split()
     if peak_unit != avg_unit:
         raise UserError(f"ib_write_bw result header mixes units {peak_unit} and {avg_unit}", FIX_RERUN)
     factor = 1.0 if avg_unit == "Gb/sec" else _GBIT_PER_MIB
@@ -189,9 +253,10 @@ def parse_ib_write_bw(text: str) -> IbWriteBwResult:
     for number, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
         if _SEPARATOR.match(line):
             break
-        match = _ROW.match(line)
-        if match:
-            size, iters, peak, avg, rate = match.groups()
+        values = line.split()
+        if values and all(_NUMBER.match(f) for f in values) and len(values) == 5 + len(extra_names) \
+                and values[0].isdigit() and values[1].isdigit():
+            size, iters, peak, avg, rate = values[:5]
             peak_value = float(peak) * factor
             rows.append(
                 PerftestRow(
@@ -200,7 +265,14 @@ def parse_ib_write_bw(text: str) -> IbWriteBwResult:
                     bw_peak_gbit_s=None if float(peak) == 0.0 else peak_value,
                     bw_avg_gbit_s=float(avg) * factor,
                     msg_rate_mpps=float(rate),
+                    extra={name: float(v) for name, v in zip(extra_names, values[5:], strict=True)},
                 )
+            )
+        elif re.match(r"^\s*\d", line) and len(values) > 5 + len(extra_names):
+            raise UserError(
+                f"ib_write_bw result line {number} has {len(values)} values where its header names "
+                f"{5 + len(extra_names)} columns ({line.strip()!r})",
+                FIX_RERUN,
             )
         elif re.match(r"^\s*\d", line):
             raise UserError(

@@ -1,6 +1,6 @@
 """Parse nccl-tests ``*_perf`` output (``all_reduce_perf`` and friends) into rows and the average bus bandwidth.
 
-Table shape (nccl-tests 2.x; columns as UPSTREAM.md "Tools and formats")::
+Table shape (nccl-tests 2.x; docs/sources.md#nccl-tests-format)::
 
     #                                      out-of-place                     in-place
     #   size    count   type  redop  root    time  algbw  busbw #wrong    time  algbw  busbw #wrong
@@ -11,10 +11,23 @@ Table shape (nccl-tests 2.x; columns as UPSTREAM.md "Tools and formats")::
 
 Units as nccl-tests prints them: time in microseconds; algbw/busbw in GB/s with GB = 10^9 bytes
 (nccl-tests doc/PERFORMANCE.md: algbw = S / t, busbw = algbw x correction factor, 2(n-1)/n for all-reduce).
-``#wrong`` is ``N/A`` when validation is off (``-c 0``) and for sendrecv's in-place half; it becomes ``None``.
+``#wrong`` is the count of wrong elements, printed with ``%6g`` (so large counts read ``1.04858e+06``); it is
+``N/A`` when validation is off (``-c 0``) and for sendrecv's in-place half, and becomes ``None``.
 Lines that are not part of the table (``NCCL INFO`` logs, ``NCCL version``, MPI warnings) are skipped, also
-when they sit between rows. Output of nccl-tests 1.x (no ``root`` column, ``error`` instead of ``#wrong``) is
-refused: the fabric check relies on ``NCCL_TESTS_MIN_BW``, which only 2.x honours.
+when they sit between rows.
+
+Layouts, by the nccl-tests releases that print them (NVIDIA/nccl-tests src/common.cu and src/util.cu at each tag):
+
+- 2.13.0 and later: the table above, read. ``--report_cputime`` (``-C``) names the time columns ``cputime``;
+  ``--report_timestamps`` (``-S``, 2.18.0 and later) appends a ``timestamp`` column (``%Y-%m-%d %H:%M:%S``); both
+  are read.
+- 2.0.0 to 2.11.0 (2019-2021): ``size count type redop time algbw busbw error ...``, no ``root``; ``error`` is the
+  largest numeric error of the size, not a count of wrong elements. Refused: a run with corrupt data cannot be told
+  from a clean one.
+- 1.0.0 (2018): ``bytes N type op time algbw busbw res ...``, footer lines without ``#``. Refused for the same
+  reason.
+- 2.19.6 and later with ``--per_iter_timing`` (``-I``): ``i_min i_max i_p99 i_cv%`` after each ``#wrong``. Refused
+  with the flag to drop.
 """
 
 from __future__ import annotations
@@ -25,14 +38,29 @@ from dataclasses import dataclass
 from ds4deploy.errors import UserError
 
 _HEADER = re.compile(
-    r"^\s*#\s*size\s+count\s+type\s+redop\s+root\s+time\s+algbw\s+busbw\s+#wrong\s+time\s+algbw\s+busbw\s+#wrong"
+    r"^\s*#\s*size\s+count\s+type\s+redop\s+root\s+(?:cpu)?time\s+algbw\s+busbw\s+#wrong\s+(?:cpu)?time\s+algbw"
+    r"\s+busbw\s+#wrong(?:\s+timestamp)?\s*$"
 )
-_LEGACY_HEADER = re.compile(r"^\s*#\s*size\s+count\s+type\s+redop\s+time\s+algbw\s+busbw\s+error\b")
 _NUM = r"(\d+(?:\.\d+)?)"
-_WRONG = r"(\d+|N/A)"
+_WRONG = r"(\d+(?:\.\d+)?(?:e\+?\d+)?|N/A)"
 _ROW = re.compile(
     rf"^\s*(\d+)\s+(\d+)\s+(\S+)\s+(\S+)\s+(-?\d+)\s+{_NUM}\s+{_NUM}\s+{_NUM}\s+{_WRONG}\s+"
-    rf"{_NUM}\s+{_NUM}\s+{_NUM}\s+{_WRONG}\s*$"
+    rf"{_NUM}\s+{_NUM}\s+{_NUM}\s+{_WRONG}(?:\s+\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d)?\s*$"
+)
+# Layouts this parser refuses: (header pattern, which releases print it, what to do). See the module docstring.
+_REFUSED_LAYOUTS = (
+    (re.compile(r"^\s*#\s*size\s+count\s+type\s+(?:\S+\s+)?time\s+algbw\s+busbw\s+error\b"),
+     "the layout of nccl-tests 2.0.0 to 2.11.0 (no 'root' column; 'error' is the largest numeric error, not a count "
+     "of wrong elements)",
+     "build nccl-tests 2.13.0 or later (github.com/NVIDIA/nccl-tests), whose '#wrong' column counts the wrong "
+     "elements the check fails on, and rerun"),
+    (re.compile(r"^\s*#\s*bytes\s+N\s+type\s+op\s+time\s+algbw\s+busbw\s+res\b"),
+     "the layout of nccl-tests 1.0.0 (2018: 'bytes N type op ... res', no count of wrong elements)",
+     "build nccl-tests 2.13.0 or later (github.com/NVIDIA/nccl-tests), whose '#wrong' column counts the wrong "
+     "elements the check fails on, and rerun"),
+    (re.compile(r"#wrong\s+i_min\s+i_max"),
+     "the per-iteration layout of nccl-tests 2.19.6 and later run with -I/--per_iter_timing",
+     "rerun without -I (--per_iter_timing); the check reads the plain table"),
 )
 _AVG = re.compile(r"^\s*#\s*Avg bus bandwidth\s*:\s*(\d+(?:\.\d+)?)")
 _OOB = re.compile(r"^\s*#\s*Out of bounds values\s*:\s*(\d+)\s+(OK|FAILED)")
@@ -113,13 +141,19 @@ class NcclTestsResult:
     nccl_tests_version: str | None
 
     @property
-    def max_busbw_gbyte_s(self) -> float:
-        """Largest out-of-place or in-place bus bandwidth over all rows, in GB/s."""
-        return max(max(row.oop_busbw_gbyte_s, row.ip_busbw_gbyte_s) for row in self.rows)
+    def wrong_elements(self) -> int:
+        """Wrong elements over every row, out-of-place and in-place (``N/A`` counts as 0; %6g counts are rounded)."""
+        return sum(w or 0 for row in self.rows for w in (row.oop_wrong, row.ip_wrong))
+
+    @property
+    def data_corrupt(self) -> bool:
+        """True when nccl-tests found wrong results: a non-zero ``#wrong`` or out-of-bounds count, or FAILED."""
+        return self.wrong_elements > 0 or bool(self.out_of_bounds) or self.out_of_bounds_ok is False
 
 
 def _wrong(value: str) -> int | None:
-    return None if value == "N/A" else int(value)
+    # %6g: counts of a million or more print as 1.04858e+06 (6 significant digits, so the count is rounded).
+    return None if value == "N/A" else int(float(value))
 
 
 def parse_nccl_tests(text: str, require_avg: bool = True) -> NcclTestsResult:
@@ -134,17 +168,16 @@ def parse_nccl_tests(text: str, require_avg: bool = True) -> NcclTestsResult:
         `NcclTestsResult`.
 
     Raises:
-        UserError: no nccl-tests table header (wrong tool), the 1.x table layout, a row cut short, no rows,
-            or no ``# Avg bus bandwidth`` line while ``require_avg`` is set.
+        UserError: no nccl-tests table header (wrong tool), a refused layout (named with the nccl-tests releases
+            that print it), a row cut short, no rows, or no ``# Avg bus bandwidth`` line while ``require_avg``
+            is set.
     """
     lines = text.splitlines()
     header_at = next((i for i, line in enumerate(lines) if _HEADER.match(line)), None)
     if header_at is None:
-        if any(_LEGACY_HEADER.match(line) for line in lines):
-            raise UserError(
-                "nccl-tests output has the 1.x layout (no 'root' column, 'error' instead of '#wrong')",
-                "build nccl-tests 2.x (github.com/NVIDIA/nccl-tests) and rerun; the check needs NCCL_TESTS_MIN_BW",
-            )
+        for pattern, layout, fix in _REFUSED_LAYOUTS:
+            if any(pattern.search(line) for line in lines):
+                raise UserError(f"nccl-tests output has {layout}", fix)
         raise UserError(
             "expected nccl-tests output (a '#  size count type redop root time algbw busbw #wrong ...' header), "
             "found none",

@@ -6,7 +6,7 @@ field with its unit in brackets (``power.limit [W]``, ``clocks.current.graphics 
 Unavailable values print as ``[N/A]`` (``N/A`` with ``nounits``) or ``[Not Supported]``: they become ``None``,
 never 0. GB10 (DGX Spark / GX10) reports ``[N/A]`` for ``memory.total`` and ``clocks.current.memory``
 (unified memory; tests/unit/fixtures/parsers/nvidia_smi-smart-city-gb10.txt) and for the power limit
-(UPSTREAM.md, "NVML on GB10").
+(docs/sources.md#nvml-gb10).
 
 Each row becomes a dict keyed by the field name with dots replaced by underscores plus a unit suffix:
 ``memory.total [MiB]`` -> ``memory_total_mib`` (int), ``power.limit [W]`` -> ``power_limit_w`` (float),

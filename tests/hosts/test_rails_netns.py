@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds4deploy import preflight
 from ds4deploy.checks import report, runner
+from ds4deploy.inventory import read_inventory
 from ds4deploy.recipe import load_recipe
 from tests.hosts import testhosts
 from tests.hosts.conftest import BIN, RECIPE, ds4, playbook
@@ -39,7 +39,7 @@ def hosts(fresh_hosts):
 
 
 def _rows(inventory: Path, groups=("rails",)) -> list[report.Row]:
-    return runner.run_checks(load_recipe(RECIPE), preflight.load_inventory(inventory), groups)
+    return runner.run_checks(load_recipe(RECIPE), read_inventory(inventory).hosts, groups)
 
 
 def _row(rows, host, check) -> report.Row:
@@ -122,7 +122,8 @@ def test_written_netplan_passes_real_netplan_generate(hosts):
                                  check=False)
             assert gen.returncode == 0, gen.stderr
             network = sorted(p.name for p in (Path(root) / "run" / "systemd" / "network").glob("*.network"))
-            assert network == ["10-netplan-enP2p1s0f1np1.network", "10-netplan-enp1s0f1np1.network"]
+            # Each node's own netdevs: node-a the recipe's f1 port pair, node-b its f0 pair (inventory override).
+            assert network == sorted(f"10-netplan-{d}.network" for d in testhosts.netdevs(RECIPE)[node]), node
             unit = (Path(root) / "run" / "systemd" / "network" / network[0]).read_text()
             assert "MTUBytes=9000" in unit and "Address=10.100.185." in unit and "LinkLocalAddressing=no" in unit
     # The same validator refuses a broken file (so the role's `validate:` can fail).
@@ -143,11 +144,11 @@ FAULTS = {
          ("node-a", "rails.route.rail1.node-b", "no route"),
          ("node-b", "rails.jumbo.rail1.node-a", "does not answer")]),
     "MTU 1500 on one end": (
-        "node-b", "ip link set dev enp1s0f1np1 mtu 1500",
+        "node-b", "ip link set dev enp1s0f0np0 mtu 1500",
         [("node-b", "rails.mtu.rail0", "1500"),
          ("node-a", "rails.jumbo.rail0.node-b", "small pings reply, 8972-byte DF pings do not")]),
     "rail down": (
-        "node-b", "ip link set dev enP2p1s0f1np1 down",
+        "node-b", "ip link set dev enP2p1s0f0np0 down",
         [("node-b", "rails.link.rail1", "operstate down"),
          ("node-a", "rails.jumbo.rail1.node-b", "")]),
 }

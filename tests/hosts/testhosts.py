@@ -1,8 +1,9 @@
 """Two test hosts without hardware: network namespaces node-a and node-b joined by two veth pairs (the rails).
 
-Each namespace stands for one node of a two-node recipe. The veth ends carry the recipe's rail netdev names
-inside their namespace (e.g. ``enp1s0f1np1``), start down with MTU 1500 and no address, so the rails role has
-everything to do. Ansible reaches a namespace with ``ansible_connection: local`` and a Python wrapper that runs
+Each namespace stands for one node of a two-node recipe. The veth ends carry that node's own rail netdev names
+inside their namespace (the recipe's, e.g. ``enp1s0f1np1`` on node-a, or the inventory's override: node-b is
+cabled on the GX10's f0 port pair, ``enp1s0f0np0``), start down with MTU 1500 and no address, so the rails role
+has everything to do. Ansible reaches a namespace with ``ansible_connection: local`` and a Python wrapper that runs
 ``ip netns exec <ns> python3`` (the inventory's ``ansible_python_interpreter``); the checks reach it with
 ``ds4_netns``. ``ip netns exec`` bind-mounts ``/etc/netns/<ns>/netplan`` over ``/etc/netplan``, so each test
 host has its own netplan directory on this one machine.
@@ -21,6 +22,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
+from ds4deploy.node_fabric import node_rails
 from ds4deploy.recipe import load_recipe
 
 NODES = ("node-a", "node-b")
@@ -29,6 +33,17 @@ RUN_DIR = Path("/run/provision-test-hosts")
 NETNS_ETC = Path("/etc/netns")
 REPO = Path(__file__).resolve().parents[2]
 INVENTORY = REPO / "ansible" / "inventories" / "test-hosts.yml"
+
+
+def host_vars() -> dict[str, dict]:
+    """Each test host's variables as written in `INVENTORY` (group fabric_nodes)."""
+    return yaml.safe_load(INVENTORY.read_text())["all"]["children"]["fabric_nodes"]["hosts"]
+
+
+def netdevs(recipe_name: str) -> dict[str, list[str]]:
+    """Test host -> its own rail netdev names, rail by rail (`ds4deploy.node_fabric.node_rails`)."""
+    recipe = load_recipe(recipe_name)
+    return {node: [r.netdev for r in node_rails(recipe, node, hv)] for node, hv in host_vars().items()}
 
 
 def netns(node: str) -> str:
@@ -78,12 +93,13 @@ def up(recipe_name: str) -> None:
         wrapper.parent.mkdir(parents=True, exist_ok=True)
         wrapper.write_text(f'#!/bin/sh\nexec ip netns exec {netns(node)} /usr/bin/python3 "$@"\n')
         wrapper.chmod(0o755)
-    for i, rail in enumerate(recipe.fabric.rails):
+    names = netdevs(recipe_name)
+    for i, _rail in enumerate(recipe.fabric.rails):
         a, b = f"{PREFIX}a{i}", f"{PREFIX}b{i}"
         _ip("link", "add", a, "type", "veth", "peer", "name", b)
         for end, node in ((a, NODES[0]), (b, NODES[1])):
             _ip("link", "set", end, "netns", netns(node))
-            _ip("link", "set", end, "name", rail.netdev, ns=netns(node))
+            _ip("link", "set", end, "name", names[node][i], ns=netns(node))
 
 
 def main(argv: list[str]) -> int:

@@ -65,6 +65,20 @@ def engine_container(host, dv) -> dict:
     """`docker inspect` of the recipe's engine container on the node."""
     import json
 
-    ids = host.check_output(f"docker ps -q --filter label=com.docker.compose.project={dv['ds4_project']}")
+    ids = host.check_output(f"docker ps -q --filter label=com.docker.compose.project={dv['ds4_project']} "
+                            "--filter label=com.docker.compose.service=engine")
     assert ids.strip(), f"no running container of compose project {dv['ds4_project']}"
+    return json.loads(host.check_output(f"docker inspect {ids.split()[0]}"))[0]
+
+
+@pytest.fixture
+def front_door_container(host, dv) -> dict:
+    """`docker inspect` of the recipe's front door container on the node (skips recipes without one)."""
+    import json
+
+    if not dv.get("ds4_front_door"):
+        pytest.skip("recipe has no front door")
+    ids = host.check_output(f"docker ps -q --filter label=com.docker.compose.project={dv['ds4_project']} "
+                            "--filter label=com.docker.compose.service=front-door")
+    assert ids.strip(), f"no running front door in compose project {dv['ds4_project']}"
     return json.loads(host.check_output(f"docker inspect {ids.split()[0]}"))[0]

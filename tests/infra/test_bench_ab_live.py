@@ -25,10 +25,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds4deploy.bench.stack import wait_healthy
+from ds4deploy.engine_args import engine_env
 from ds4deploy.engine_venv import ENGINE_PYTHON
-from ds4deploy.secrets import parse_env_file
+from ds4deploy.recipe import load_recipe
 from ds4deploy.tinymodel import TinyModelSpec, files
+from tools.benchval.stack import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 PORTS = (8110, 8111)
@@ -72,8 +73,7 @@ class Engine:
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 pytest.fail(f"port {port} is in use")
-        env = dict(os.environ, **parse_env_file((REPO / "compose" / "cpu" / "engine.env").read_text()),
-                   VLLM_API_KEY=key)
+        env = dict(os.environ, **engine_env(load_recipe("cpu")), VLLM_API_KEY=key)
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
         self.proc = subprocess.Popen(

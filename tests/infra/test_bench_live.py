@@ -16,6 +16,18 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = os.environ.get("DS4_RECIPE", "cpu")
+CLI = REPO / ".venv" / "bin" / "ds4deploy"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def supervisor_paused():
+    """The supervisor's progress probe (a one-token completion) would count as other traffic in every cell: it is
+    stopped while the benchmark runs and started again after, as `make bench` does."""
+    subprocess.run([str(CLI), "supervisor", "stop", RECIPE], capture_output=True, check=False)
+    yield
+    subprocess.run([str(CLI), "supervisor", "start", RECIPE, "--inventory",
+                    os.environ.get("DS4_INVENTORY", str(REPO / "ansible" / "inventories" / "local.yml"))],
+                   capture_output=True, check=False)
 
 
 @pytest.fixture
@@ -114,20 +126,23 @@ def test_unsalted_prompts_are_served_by_the_cache_and_flagged(bench, tmp_path):
 def test_server_rejecting_max_tokens_stops_the_run_with_its_message(bench, tmp_path):
     if RECIPE != "cpu":
         pytest.skip("uses a copy of the cpu recipe")
-    # A recipe that believes the server takes 8,192 tokens, while it serves 2,048 (e.g. a stale deploy).
+    # A recipe that believes the server takes twice the context it serves (e.g. a stale deploy).
     recipes = tmp_path / "recipes"
     recipes.mkdir()
     data = yaml.safe_load((REPO / "recipes" / "cpu.yaml").read_text())
-    data["serving"]["max_model_len"] = 8192
+    served = data["serving"]["max_model_len"]
+    data["serving"]["max_model_len"] = 2 * served
+    data["model"]["generator"]["max_position_embeddings"] = 2 * served
     (recipes / "cpu.yaml").write_text(yaml.safe_dump(data))
     shutil.copy(REPO / "recipes" / "cpu.manifest.json", recipes / "cpu.manifest.json")
     profile = tmp_path / "long.yaml"
+    too_long = served + 4096
     profile.write_text(yaml.safe_dump({
-        "name": "long", "description": "4,096 output tokens", "source": "test", "max_tokens": 4096,
-        "cells": [{"prompt_tokens": 256}]}))
+        "name": "long", "description": "more output tokens than the server's context", "source": "test",
+        "max_tokens": too_long, "cells": [{"prompt_tokens": 256}]}))
     p = bench("--profile", str(profile), env={"DS4_RECIPES_DIR": str(recipes)})
     assert p.returncode == 2, p.stderr
-    assert "error: the server rejected a benchmark request (max_tokens=4096" in p.stderr
+    assert f"error: the server rejected a benchmark request (max_tokens={too_long}" in p.stderr
     assert "cannot be greater than max_model_len" in p.stderr and "\nfix: lower the profile's max_tokens" in p.stderr
     assert not bench.out.exists()
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from ds4deploy.checks import host as checks
-from ds4deploy.checks.testinfra_support import assert_rows, host_name, inventory_hosts, recipe_name, target
 from ds4deploy.recipe import load_recipe
+from tests.support.testinfra_support import assert_rows, host_name, inventory_hosts, recipe_name, target
 
 
 @pytest.fixture

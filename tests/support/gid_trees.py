@@ -62,3 +62,25 @@ def fixture_recipe(dest: Path, rails: list[dict], name: str = "gx10x2-ds4-flash-
     path = dest / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
+
+
+# The GB10 twin functions of the f1 port and those of the f0 port (docs/sources.md#gx10-pair; the recipe's fabric
+# comment): HCA -> (its f0 HCA, the f0 HCA's netdev).
+F1_TO_F0 = {"rocep1s0f1": ("rocep1s0f0", "enp1s0f0np0"), "roceP2p1s0f1": ("roceP2p1s0f0", "enP2p1s0f0np0")}
+# The inventory's override for a node cabled on its f0 port (the recipe names the f1 port).
+F0_RAILS = {"rail0": {"netdev": "enp1s0f0np0", "hcas": ["rocep1s0f0"]},
+            "rail1": {"netdev": "enP2p1s0f0np0", "hcas": ["roceP2p1s0f0"]}}
+
+
+def on_f0_port(src: Path, dest: Path) -> Path:
+    """Copy the GB10 tree `src` to `dest` as if the node were cabled on its f0 port: each f1 HCA directory is renamed
+    to its f0 twin (`F1_TO_F0`) and its slots' ndevs name the f0 netdev; GIDs and slot indexes stay as published.
+    Returns `dest` (a sysfs root)."""
+    shutil.copytree(src, dest)
+    base = dest / "class" / "infiniband"
+    for old, (new, netdev) in F1_TO_F0.items():
+        (base / old).rename(base / new)
+        for ndev in (base / new).glob("ports/*/gid_attrs/ndevs/*"):
+            if ndev.read_text().strip() != "#EINVAL":
+                ndev.write_text(netdev + "\n")
+    return dest

@@ -1,9 +1,9 @@
 """Clock sweep safety (ds4deploy.bench.clocks) against an in-process fake GPU backend whose state lives in a JSON
 file, so a real subprocess can drive it, be killed, and the parent can check what the GPU was left at.
 
-Rules under test (issue 6 text; SEEDS.md B): journal before any change; wait below 70 C between points; stop above
-84 C; restore on normal end, crash, Ctrl-C, SIGTERM and at the next start after a SIGKILL; never without --yes;
-no GPU -> one message, exit 2."""
+Rules under test (docs/bench-harness.md; docs/sources.md#gx10-sweep-safety): journal before any change; wait below
+70 C between points; stop above 84 C; restore on normal end, crash, Ctrl-C, SIGTERM and at the next start after a
+SIGKILL; never without --yes; no GPU -> one message, exit 2."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.bench import clocks
+from ds4deploy.bench import clocks, plots, report
 from ds4deploy.bench.clocks import ClockSweep, GpuState, Journal, SweepInterrupted
 from ds4deploy.errors import UserError
 
@@ -241,7 +241,7 @@ def test_power_limit_on_a_gpu_without_one_is_refused_before_any_change(tmp_path)
 SWEEP_CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from ds4deploy.bench import clocks
+    from ds4deploy.bench import clocks, plots, report
     from tests.unit.test_bench_clocks import FakeBackend
 
     b = FakeBackend(Path(sys.argv[1]))
@@ -360,12 +360,12 @@ def _cell(cap, prompt, tok_s, prefill, power=None, temps=(60, 58), valid=True):
 def test_clock_table_follows_the_seeds_b_layout(tmp_path):
     cells = [_cell(2000, 256, 54.4, 1700, [20.9, 17.7], (67, 62)), _cell(2000, 16384, 50.0, 1794),
              _cell(None, 256, 55.0, 1800, [42.7, 35.7], (75, 72)), _cell(None, 16384, 51.0, 1953, valid=False)]
-    lines = clocks.clock_table(cells)
+    lines = report.clock_table(cells)
     assert lines[0] == ("| clock cap MHz | actual MHz | decode t/s | prefill t/s (16,384) | power W | temp C | "
                         "t/s per W |")
-    assert lines[2] == "| 2000 | 2000 / 2000 | 54.4 | 1,794 | 20.9 / 17.7 | 67 / 62 | 1.41 |"  # SEEDS B row 1
+    assert lines[2] == "| 2000 | 2000 / 2000 | 54.4 | 1,794 | 20.9 / 17.7 | 67 / 62 | 1.41 |"  # #gx10-clock-caps row 1
     assert lines[3] == "| none | 2476 / 2476 | 55.0 * | 1,953 | 42.7 / 35.7 | 75 / 72 | 0.70 |"
-    png, html = clocks.write_sweep_plots(cells, tmp_path / "png", tmp_path / "sweep.html", "t")
+    png, html = plots.write_sweep_plots(cells, tmp_path / "png", tmp_path / "sweep.html", "t")
     assert png.stat().st_size > 10_000 and "per W vs clock cap" in html.read_text()
-    no_power = clocks.clock_table([_cell(1500, 256, 900.0, 30000)])
+    no_power = report.clock_table([_cell(1500, 256, 900.0, 30000)])
     assert no_power[2] == "| 1500 | - | 900.0 | 30,000 | - | - | - |"

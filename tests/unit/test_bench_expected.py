@@ -22,7 +22,7 @@ def test_gx10_table_within_above_below():
     assert v[("256 x 1", "ttft_s")].verdict == "above"  # 0.30 > 0.21 x 1.1
     assert v[("256 x 6", "aggregate_tok_s")].verdict == "below"  # 100 < 139.3 x 0.9
     assert v[("8192 x 1", "prefill_tok_s")].verdict == "no data"
-    assert all("SEEDS.md B" in x.source for x in v.values())
+    assert all("docs/sources.md#gx10-context-table" in x.source for x in v.values())
 
 
 def test_other_profiles_entries_are_not_compared():

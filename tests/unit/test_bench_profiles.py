@@ -39,15 +39,19 @@ def test_gx10_profile_is_the_seeds_b_cells():
 
 
 def test_context_sweep_follows_the_recipe_limits():
-    cells = expand(load_profile("context-sweep"), load_recipe("cpu"))  # max_model_len 2048, max_num_seqs 4
-    assert sorted({c.prompt_tokens for c in cells}) == [256, 512, 1024, 1792]  # 2048 - 256 max_tokens
+    r = load_recipe("cpu")
+    cells = expand(load_profile("context-sweep"), r)
+    prompts = sorted({c.prompt_tokens for c in cells})
+    # powers of two from 256, up to max_model_len - 256 max_tokens
+    assert prompts[:3] == [256, 512, 1024] and prompts[-1] == r.serving.max_model_len - 256
     assert sorted({c.concurrency for c in cells}) == [1, 2, 4]
 
 
 def test_profile_longer_than_the_recipe_is_refused_naming_the_cell():
     with pytest.raises(UserError) as exc:
         expand(load_profile("gx10-context"), load_recipe("cpu"))
-    assert "p524288-c1-chat" in exc.value.cause and "max_model_len 2048" in exc.value.cause
+    limit = load_recipe("cpu").serving.max_model_len
+    assert "p524288-c1-chat" in exc.value.cause and f"max_model_len {limit}" in exc.value.cause
     assert "context-sweep" in exc.value.fix
 
 
@@ -66,3 +70,13 @@ def test_unknown_profile_lists_the_bundled_ones():
     with pytest.raises(UserError, match="no benchmark profile named 'nope'") as exc:
         load_profile("nope")
     assert "smoke" in exc.value.fix
+
+
+def test_a_profile_with_a_key_written_twice_is_refused(tmp_path):
+    from ds4deploy.bench.profiles import load_profile
+    from ds4deploy.errors import UserError
+
+    p = tmp_path / "dup.yaml"
+    p.write_text("name: dup\nconcurrency: [1]\nconcurrency: [4]\n")
+    with pytest.raises(UserError, match="key 'concurrency' is written twice, at lines 2 and 3"):
+        load_profile(str(p))

@@ -1,4 +1,4 @@
-"""The wire as the reference clock (ds4deploy/bench/wire.py), on real captures of the deployed cpu stack
+"""The wire as the reference clock (tools/benchval/wire.py), on real captures of the deployed cpu stack
 (fixtures/wire/SOURCES.md) and on a live capture of a local server."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import dpkt
 import pytest
 
-from ds4deploy.bench import wire
 from tests.unit.conftest import chat_server
+from tools.benchval import wire
 
 FIX = Path(__file__).parent / "fixtures" / "wire"
 PROBE = json.loads((FIX / "probe-c2-lo.json").read_text())

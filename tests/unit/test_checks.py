@@ -12,10 +12,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ds4deploy import preflight
 from ds4deploy.checks import fabric, host, inputs, report, runner
 from ds4deploy.checks.target import Result, ShellTarget, target_for
 from ds4deploy.cli import main
 from ds4deploy.errors import UserError
+from ds4deploy.inventory import read_inventory
 from ds4deploy.recipe import load_recipe
 from tests.unit.parsers._fixtures import SYSFS, fixture_text
 
@@ -61,7 +63,6 @@ def test_rail_inputs_pass_for_a_good_inventory():
     hosts = _hosts(a={"rail0": "10.100.184.1", "rail1": "10.100.185.1"},
                    b={"rail0": "10.100.184.2", "rail1": "10.100.185.2"})
     assert inputs.rail_problems(load_recipe(GX10), hosts) == []
-    inputs.validate_inputs(load_recipe(GX10), hosts)
 
 
 @pytest.mark.parametrize(("hosts", "message"), [
@@ -75,9 +76,10 @@ def test_rail_inputs_pass_for_a_good_inventory():
     (_hosts(a={"rail0": "fe80::1", "rail1": "10.100.185.1"}), "'fe80::1' is not an IPv4 address"),
 ])
 def test_rail_inputs_refused(hosts, message):
-    with pytest.raises(UserError) as err:
-        inputs.validate_inputs(load_recipe(GX10), hosts)
-    assert message in err.value.cause and "nothing was changed" in err.value.cause
+    assert any(message in p for p in inputs.rail_problems(load_recipe(GX10), hosts))
+    # The one copy of the rule is what the preflight rule rails-addresses reports.
+    (verdict,) = [v for v in preflight.run(load_recipe(GX10), hosts) if v.rule == "rails-addresses"]
+    assert verdict.status == "fail" and message in verdict.numbers
 
 
 def test_recipe_without_fabric_needs_no_rail_addresses():
@@ -94,7 +96,7 @@ def _recipe_with(tmp_path, name, **gpus):
 
 def test_v100_clock_lock_above_the_datasheet_is_refused(tmp_path):
     ok = load_recipe("v100x8-ds41-flash-iq2")
-    assert inputs.gpu_request_problems(ok) == []  # 1522 MHz lock, 150 W (SEEDS A)
+    assert inputs.gpu_request_problems(ok) == []  # 1522 MHz lock, 150 W (docs/sources.md#v100x8)
     bad = load_recipe(_recipe_with(tmp_path, "v100x8-ds41-flash-iq2", graphics_clock_lock_mhz=1600))
     (problem,) = inputs.gpu_request_problems(bad)
     assert "1600 MHz" in problem and "at most 1530 MHz" in problem and "V100 datasheet" in problem
@@ -112,31 +114,6 @@ def test_rtx3090_power_above_board_power_and_gb10_power_limit_refused(tmp_path):
     assert inputs.gpu_request_problems(rtx, max_graphics_mhz=1900, max_power_limit_w=450, what="nvidia-smi") == [
         "hardware.gpus.graphics_clock_lock_mhz = 2000 MHz, but NVIDIA GeForce RTX 3090 runs at most 1900 MHz per the "
         "nvidia-smi: a lock above the maximum cannot be honoured"]
-
-
-def test_cli_check_inputs_exit_codes(tmp_path, capsys):
-    bad = _recipe_with(tmp_path, "v100x8-ds41-flash-iq2", graphics_clock_lock_mhz=1600)
-    assert main(["check", "inputs", str(bad)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: 1 problem(s)") and "\nfix: " in err
-    out = tmp_path / "vars.yml"
-    assert main(["check", "inputs", "v100x8-ds41-flash-iq2", "--write", str(out)]) == 0
-    assert '"changed": true' in capsys.readouterr().out
-    assert main(["check", "inputs", "v100x8-ds41-flash-iq2", "--write", str(out)]) == 0
-    assert '"changed": false' in capsys.readouterr().out
-    data = yaml.safe_load(out.read_text())
-    assert data["ds4_gpu_clock_lock_mhz"] == 1522 and data["ds4_gpu_power_limit_w"] == 150
-    assert data["ds4_driver_min_version"] == "525.60.13"  # CUDA 12.8
-
-
-def test_provision_vars_gx10():
-    v = inputs.provision_vars(load_recipe(GX10))
-    assert [r["netdev"] for r in v["ds4_fabric_rails"]] == ["enp1s0f1np1", "enP2p1s0f1np1"]
-    assert {r["prefix"] for r in v["ds4_fabric_rails"]} == {24} and v["ds4_fabric_master_port"] == 25000
-    assert v["ds4_driver_min_version"] == "580.65.06" and v["ds4_memlock_unlimited"] is True
-    assert v["ds4_known_bad_kernels"][0]["release"] == "7.0.0-1019-nvidia"
-    cpu = inputs.provision_vars(load_recipe("cpu"))
-    assert cpu["ds4_fabric_rails"] == [] and cpu["ds4_driver_min_version"] is None
 
 
 # --- fabric: GID table over a command line, on real sysfs layouts ---------------------------------------------
@@ -222,13 +199,13 @@ def no_sleep(monkeypatch):
 
 def test_ib_write_bw_pair_parses_and_cleans_up(no_sleep):
     server, client = Scripted("head"), Scripted("worker", fixture_text("ib_write_bw-spark-vllm-docker-rdma-cm.txt"))
-    (result,) = fabric.run_ib_write_bw(server, client, [("rocep1s0f1", 3, "192.168.101.1", 4, 18516)])
+    (result,) = fabric.run_ib_write_bw(server, client, [("rocep1s0f1", 3, "192.168.101.1", "rocep1s0f0", 4, 18516)])
     assert result.bw_avg_gbit_s == pytest.approx(111.71)
     start, stop = server.commands
     assert "timeout 60 ib_write_bw -d rocep1s0f1 -x 3 -F --report_gbits -D 10 -p 18516" in start
     assert "echo $! > /tmp/ds4deploy-ibbw-18516.pid" in start
     assert 'kill "$p"' in stop and "rm -f /tmp/ds4deploy-ibbw-18516.pid" in stop and "pkill -f" not in stop
-    assert "-x 4 -F --report_gbits -D 10 -p 18516 192.168.101.1" in client.commands[0]
+    assert "-d rocep1s0f0 -x 4 -F --report_gbits -D 10 -p 18516 192.168.101.1" in client.commands[0]
 
 
 def test_ib_write_bw_servers_stopped_when_the_client_fails(no_sleep):
@@ -240,15 +217,15 @@ def test_ib_write_bw_servers_stopped_when_the_client_fails(no_sleep):
 
     server = Scripted("head")
     with pytest.raises(OSError, match="connection lost"):
-        fabric.run_ib_write_bw(server, Boom("worker"), [("a", 3, "192.168.100.1", 3, 18515),
-                                                         ("b", 3, "192.168.101.1", 3, 18516)])
+        fabric.run_ib_write_bw(server, Boom("worker"), [("a", 3, "192.168.100.1", "a", 3, 18515),
+                                                         ("b", 3, "192.168.101.1", "b", 3, 18516)])
     stops = [c for c in server.commands if "kill" in c]
     assert len(stops) == 2 and all("rm -f" in c for c in stops)
 
 
 def test_ib_write_bw_truncated_output_is_an_error_not_a_number(no_sleep):
     server, client = Scripted("head"), Scripted("worker", fixture_text("ib_write_bw-perftest-234-truncated.txt"))
-    (result,) = fabric.run_ib_write_bw(server, client, [("rocep1s0f0", 3, "192.168.100.1", 3, 18515)])
+    (result,) = fabric.run_ib_write_bw(server, client, [("rocep1s0f0", 3, "192.168.100.1", "rocep1s0f0", 3, 18515)])
     assert isinstance(result, UserError)
 
 
@@ -262,7 +239,7 @@ def test_this_machine_skips_gpu_and_rdma_rows_never_passes():
     assert gpu and {r.verdict for r in gpu} == {"skip"} and {r.measured for r in gpu} == {"skipped: no NVIDIA GPU"}
     fab = fabric.check_fabric_node(local, recipe, {"ds4_rails": {"rail0": {"address": "10.100.184.1"}}})
     assert fab and all(r.verdict == "skip" and r.measured == "skipped: no RDMA device" for r in fab)
-    assert fabric.check_nccl(local, ["local"], recipe)[0].measured == "skipped: no RDMA device"
+    assert fabric.check_nccl(local, {"local": {}}, recipe)[0].measured == "skipped: no RDMA device"
 
 
 def test_memory_and_kernel_checks_on_this_machine(tmp_path):
@@ -298,7 +275,7 @@ def test_timeout_gives_rc_124():
 
 
 def test_groups_and_limit():
-    groups = runner.inventory_groups(REPO / "ansible" / "inventories" / "test-hosts.yml")
+    groups = read_inventory(REPO / "ansible" / "inventories" / "test-hosts.yml").groups
     assert groups["fabric_nodes"] == ["node-a", "node-b"] and groups["all"] == ["node-a", "node-b"]
     hosts = {"node-a": {}, "node-b": {}}
     assert list(runner.select_hosts(hosts, groups, "node-b")) == ["node-b"]
@@ -314,3 +291,93 @@ def test_unreachable_host_is_could_not_check(capsys, tmp_path):
     inv.write_text(yaml.safe_dump({"all": {"hosts": {"gone": {"ds4_netns": "provision-does-not-exist"}}}}))
     assert main(["check", "run", "--recipe", "cpu", "--inventory", str(inv)]) == 2
     assert "could not check" in capsys.readouterr().out
+
+
+def test_fabric_recipe_checks_memlock_even_when_the_recipe_does_not_ask():
+    """A fabric recipe with container.memlock_unlimited: false (tests/unit/fixtures/field_recipes) used to turn the
+    memlock row into a skip; RDMA needs it whatever the flag says (preflight rule rdma-memlock). The limit is set
+    for real with util-linux prlimit around the check's own `ulimit -l`."""
+    recipe = load_recipe(Path(__file__).parent / "fixtures" / "field_recipes" / "gx10-no-memlock.yaml")
+    limited = ShellTarget("node", ["prlimit", "--memlock=65536:65536"])
+    (row,) = [r for r in host.check_memory(limited, recipe) if r.check == "memory.memlock"]
+    assert (row.verdict, row.measured) == ("fail", "64")
+    assert "container.memlock_unlimited: true" in row.remediation
+    # A recipe without RDMA that does not ask still skips.
+    (row,) = [r for r in host.check_memory(limited, load_recipe("cpu")) if r.check == "memory.memlock"]
+    assert row.verdict == "skip"
+
+
+class NcclHead:
+    """A head node with an RDMA device, nccl-tests and mpirun, whose mpirun prints `output` (a real capture)."""
+
+    name = "head"
+
+    def __init__(self, output: str, rc: int = 0):
+        self.output, self.rc = output, rc
+
+    def run(self, cmd: str, timeout: float = 60.0) -> Result:
+        if cmd.startswith("ls /sys/class/infiniband"):
+            return Result(0, "rocep1s0f1\nroceP2p1s0f1\n", "")
+        if cmd.startswith("mpirun"):
+            return Result(self.rc, self.output, "")
+        return Result(0, "/usr/bin/all_reduce_perf\n/usr/bin/mpirun\n", "")
+
+
+def test_nccl_check_fails_a_run_with_wrong_elements_whatever_its_bandwidth():
+    recipe = load_recipe(GX10)  # needs 0.85 x 2 rails x 90 Gb/s / 8 = 19.1 GB/s
+    h200 = fixture_text("nccl_tests-nvidia-tools-image-h200.txt")  # clean, 36.2 GB/s average
+    (ok,) = fabric.check_nccl(NcclHead(h200), {"a": {}, "b": {}}, recipe)
+    assert ok.verdict == "pass"
+    # The same capture with one in-place #wrong count made non-zero (the first row's last column), and with the
+    # out-of-bounds footer of a failed run: the bandwidth still passes, the check must not.
+    first = next(line for line in h200.splitlines() if line.strip().startswith("8 "))
+    one_wrong = h200.replace(first, first.rstrip()[:-1] + "7")
+    (bad,) = fabric.check_nccl(NcclHead(one_wrong), {"a": {}, "b": {}}, recipe)
+    assert bad.verdict == "fail" and "7 wrong elements in 1 of 32 sizes from 8 B" in bad.measured
+    assert "wrong data" in bad.remediation
+    oob = h200.replace("# Out of bounds values : 0 OK", "# Out of bounds values : 3 FAILED")
+    (bad,) = fabric.check_nccl(NcclHead(oob), {"a": {}, "b": {}}, recipe)
+    assert bad.verdict == "fail" and "out-of-bounds 3" in bad.measured
+    # A real corrupt run (RTX 3090 pair, 108 out-of-bounds values): named as wrong data, not as slow.
+    real = fixture_text("nccl_tests-rtx3090-inc-wrong-values.txt")
+    (bad,) = fabric.check_nccl(NcclHead(real, rc=1), {"a": {}, "b": {}}, recipe)
+    assert bad.verdict == "fail" and "wrong results" in bad.measured and "do not serve" in bad.remediation
+
+
+class Ofed(FixtureSysfs):
+    """The GB10 sysfs fixture on a host whose `rdma link show` fails (here for real: this machine has no RDMA
+    netlink) and whose `ibdev2netdev` (MLNX_OFED) prints the DGX Spark playbook's capture, or is missing."""
+
+    def __init__(self, root: Path, ibdev2netdev: str | None):
+        super().__init__(root)
+        self.ibdev2netdev = ibdev2netdev
+
+    def run(self, cmd: str, timeout: float = 60.0) -> Result:
+        if cmd == "ibdev2netdev":
+            if self.ibdev2netdev is None:
+                return Result(127, "", "sh: 1: ibdev2netdev: not found")
+            return Result(0, self.ibdev2netdev, "")
+        return super().run(cmd, timeout)
+
+
+def test_link_rows_read_ibdev2netdev_where_rdma_link_fails():
+    recipe = load_recipe(GX10)
+    rails = {"ds4_rails": {"rail0": {"address": "10.100.184.1"}, "rail1": {"address": "10.100.185.1"}}}
+    target = Ofed(SYSFS / "gb10-spark-0e68", fixture_text("ibdev2netdev-dgx-spark-playbooks-connect-two-sparks.txt"))
+    if target.run("rdma link show").ok:
+        pytest.skip("this machine answers `rdma link show`; the fallback is not exercised")
+    by = {r.check: r for r in fabric.check_fabric_node(target, recipe, rails)}
+    assert by["fabric.link.rocep1s0f1"].verdict == "pass"
+    assert by["fabric.link.rocep1s0f1"].measured == "enp1s0f1np1 Up (ibdev2netdev)"
+    assert by["fabric.link.roceP2p1s0f1"].verdict == "pass"
+    assert by["fabric.gid.rocep1s0f1"].measured == "index 3"
+    # The other port pair cabled: the recipe's f1 HCAs are Down -> fail, naming the netdev.
+    f0 = fixture_text("ibdev2netdev-dgx-spark-playbooks-connect-two-sparks.txt").replace("(Up)", "(X)").replace(
+        "(Down)", "(Up)").replace("(X)", "(Down)")
+    by = {r.check: r for r in fabric.check_fabric_node(Ofed(SYSFS / "gb10-spark-0e68", f0), recipe, rails)}
+    assert by["fabric.link.rocep1s0f1"].verdict == "fail"
+    assert "enp1s0f1np1 Down" in by["fabric.link.rocep1s0f1"].measured
+    # Neither tool: an error quoting both.
+    by = {r.check: r for r in fabric.check_fabric_node(Ofed(SYSFS / "gb10-spark-0e68", None), recipe, rails)}
+    row = by["fabric.link.rocep1s0f1"]
+    assert row.verdict == "error" and "rdma link show" in row.measured and "ibdev2netdev" in row.measured

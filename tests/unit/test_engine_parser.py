@@ -3,15 +3,25 @@ after removing the flags the recipe declares as fork-only. Runs in .cache/engine
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import textwrap
+from pathlib import Path
 
 import pytest
 
 from ds4deploy.engine_venv import ENGINE_PYTHON
 from ds4deploy.recipe import all_recipes
 from ds4deploy.render import node_files
+
+# One definition of which flags vLLM's parser is not shown: the stand-in engine's (tests/rehearse/standin/engine.py,
+# standard library only because it runs inside the stand-in image), loaded here by path.
+_spec = importlib.util.spec_from_file_location(
+    "standin_engine", Path(__file__).resolve().parents[1] / "rehearse" / "standin" / "engine.py")
+_standin = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_standin)
+strip_fork_only = _standin.strip_fork_only
 
 ENGINE_PY = ENGINE_PYTHON
 PARSE = textwrap.dedent("""
@@ -38,19 +48,6 @@ def parse_with_vllm(argvs: list[list[str]]) -> list[dict]:
                        timeout=600, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
-
-
-def strip_fork_only(argv: list[str], fork_only: list[str]) -> list[str]:
-    out, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a.lstrip("-") in fork_only:
-            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            continue
-        out.append(a)
-    return out
 
 
 def test_every_rendered_argv_parses_with_the_real_vllm_parser():

@@ -3,6 +3,7 @@ manifest from the hub's metadata, fetch of a pinned revision, verification, and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import pytest
@@ -390,3 +391,179 @@ def test_second_fetch_into_the_same_directory_is_refused_with_the_holder(hub_rec
     finally:
         holder.kill()
         holder.wait()
+
+
+# --- fetch: stall watchdog (issue 15) ------------------------------------------------------------------------------
+
+
+def _watchdog_env(monkeypatch, stall_s: float, attempts: int) -> None:
+    monkeypatch.setenv("DS4_FETCH_STALL_S", str(stall_s))
+    monkeypatch.setenv("DS4_FETCH_ATTEMPTS", str(attempts))
+
+
+def test_trickling_download_is_stopped_and_resumed(hub_recipe, tmp_path, model_files, monkeypatch):
+    """One byte every 0.5 s never trips huggingface_hub's 10 s read timeout; the watchdog stops it after 3 s without
+    a new byte staged and resumes: the second attempt gets the whole file."""
+    import time
+
+    _watchdog_env(monkeypatch, 3, 3)
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        hub.trickles["tokenizer.json"] = [0.5, 1]
+        t0 = time.monotonic()
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        took = time.monotonic() - t0
+        assert p.returncode == 0, p.stderr
+        assert len(_file_gets(hub, "tokenizer.json")) == 2
+    assert "stalled (no new byte for 3 s): stopped it and resuming, attempt 2 of 3" in p.stderr
+    assert took < 120
+    assert {f.name: f.read_bytes() for f in dest.iterdir()} == model_files
+
+
+def test_headers_without_body_end_bounded_with_the_cause_then_resume(hub_recipe, tmp_path, model_files, monkeypatch):
+    import time
+
+    _watchdog_env(monkeypatch, 3, 2)
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        hub.trickles["tokenizer.json"] = [None, 2]  # headers, then silence, twice
+        t0 = time.monotonic()
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        took = time.monotonic() - t0
+        assert p.returncode == 2, p.stderr
+        assert "stalled 2 time(s) in a row (last: no new byte for 3 s)" in p.stderr
+        assert "still missing: tokenizer.json" in p.stderr
+        assert "fix: check the path to the hub" in p.stderr and "Traceback" not in p.stderr
+        assert took < 120
+        assert not dest.exists()  # nothing placed
+        staged = _staging(dest)
+        assert (staged / "config.json").is_file() and not list(staged.rglob("*.incomplete"))
+        # Resume: the complete staged files are not downloaded again.
+        hub.requests.clear()
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        assert _file_gets(hub, "config.json") == [] and len(_file_gets(hub, "tokenizer.json")) == 1
+    assert (dest / "tokenizer.json").read_bytes() == model_files["tokenizer.json"]
+
+
+def test_huggingface_read_timeouts_count_as_a_stall_and_resume(hub_recipe, tmp_path, model_files, monkeypatch):
+    """Headers without a body under huggingface_hub's own read timeout (1 s here): it gives up after its retries
+    before the watchdog's window; that attempt is resumed like a stall, not reported as an unreachable hub."""
+    _watchdog_env(monkeypatch, 600, 3)
+    monkeypatch.setenv("HF_HUB_DOWNLOAD_TIMEOUT", "1")
+    dest = tmp_path / "model"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        _manifest(hub_recipe, hub, tmp_path)
+        hub.trickles["tokenizer.json"] = [None, 6]  # every GET of the first attempt (1 + 5 retries) gets no body
+        p = cli(hub_recipe, hub, tmp_path, "model", "fetch", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        assert len(_file_gets(hub, "tokenizer.json")) == 7
+    assert "stalled (huggingface_hub gave up on read timeouts: could not reach the model hub" in p.stderr
+    assert "stopped it and resuming, attempt 2 of 3" in p.stderr
+    assert (dest / "tokenizer.json").read_bytes() == model_files["tokenizer.json"]
+# --- locking the model (issue 14): `model lock`, short revisions, first-fetch lock, the committed manifest wins ----
+
+def _short_recipe(recipe_dir, tmp_path, revision=SHA[:8]):
+    def edit(d):
+        d["model"] = {"source": "hub", "repo_id": REPO_ID, "revision": revision, "served_name": "tiny-hub",
+                      "dtype": "bfloat16", "size_on_disk_gb": 0.006, "path": str(tmp_path / "model")}
+
+    write_variant(recipe_dir, "hubby", edit)
+    return recipe_dir
+
+
+def test_lock_resolves_a_short_revision_against_the_commit_list(recipe_dir, tmp_path, model_files):
+    _short_recipe(recipe_dir, tmp_path)
+    older = ["1234567" + "0" * 33, "abcdef0" + "1" * 33, "fedcba9" + "2" * 33]  # three pages of two commits
+    with FakeHub(REPO_ID, SHA, model_files, history=older) as hub:
+        p = cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby")
+        assert p.returncode == 0, p.stderr
+        path = recipe_dir / "hubby.manifest.json"
+        assert f"wrote {path}" in p.stdout and f"at commit {SHA}" in p.stdout and "commit it" in p.stdout
+        manifest = json.loads(path.read_text())
+        assert manifest["revision"] == SHA and manifest["source"] == "hub"
+        assert set(manifest["files"]) == set(model_files)
+        assert "sha256" in manifest["files"]["model.safetensors"] and "git_sha1" in manifest["files"]["config.json"]
+        again = cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby")
+        assert again.returncode == 0 and "up to date" in again.stdout
+    # A prefix of an older commit (on page 2 of the listing) resolves to that commit, not to main's head.
+    _short_recipe(recipe_dir, tmp_path, older[1][:9])
+    path.unlink()
+    with FakeHub(REPO_ID, SHA, model_files, history=older) as hub:
+        p = cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(path.read_text())["revision"] == older[1]
+
+
+def test_ambiguous_and_unknown_prefixes_stop_with_the_candidates(recipe_dir, tmp_path, model_files):
+    _short_recipe(recipe_dir, tmp_path)
+    twin = SHA[:8] + "f" * 32
+    with FakeHub(REPO_ID, SHA, model_files, history=["7" * 40, twin]) as hub:
+        p = cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"revision {SHA[:8]} matches 2 commits of {REPO_ID}" in p.stderr
+    assert SHA in p.stderr and twin in p.stderr and "7" * 40 not in p.stderr
+    assert "pin the one you mean in full (40 hex)" in p.stderr
+    assert not (recipe_dir / "hubby.manifest.json").exists()
+    _short_recipe(recipe_dir, tmp_path, "0abcdef")
+    with FakeHub(REPO_ID, SHA, model_files, history=["7" * 40]) as hub:
+        p = cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert f"revision 0abcdef matches no commit of {REPO_ID} (2 commits on 1 branch(es))" in p.stderr
+    assert SHA in p.stderr and "7" * 40 in p.stderr  # the newest commits, as candidates
+    assert not (recipe_dir / "hubby.manifest.json").exists()
+
+
+def test_first_stage_without_a_manifest_locks_it_and_says_where(recipe_dir, tmp_path, model_files):
+    _short_recipe(recipe_dir, tmp_path)
+    dest = tmp_path / "staged"
+    path = recipe_dir / "hubby.manifest.json"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        p = cli(recipe_dir, hub, tmp_path, "model", "stage", "hubby", "--dest", str(dest))
+        assert p.returncode == 0, p.stderr
+        out = json.loads(p.stdout)
+        assert out["manifest_written"] == str(path) and f"wrote {path}" in p.stderr and "commit it" in p.stderr
+        assert json.loads(path.read_text())["revision"] == SHA
+        assert {f.name: f.read_bytes() for f in dest.iterdir()} == model_files
+        again = cli(recipe_dir, hub, tmp_path, "model", "stage", "hubby", "--dest", str(dest))
+        assert again.returncode == 0 and json.loads(again.stdout)["manifest_written"] is None
+
+
+def test_a_committed_manifest_that_disagrees_with_the_hub_stops_before_any_download(recipe_dir, tmp_path,
+                                                                                    model_files):
+    _short_recipe(recipe_dir, tmp_path)
+    path = recipe_dir / "hubby.manifest.json"
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        assert cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby").returncode == 0
+        manifest = json.loads(path.read_text())
+        manifest["files"]["model.safetensors"]["sha256"] = "0" * 64
+        path.write_text(json.dumps(manifest))
+        hub.requests.clear()
+        p = cli(recipe_dir, hub, tmp_path, "model", "stage", "hubby", "--dest", str(tmp_path / "staged"))
+        assert p.returncode == 1 and "Traceback" not in p.stderr
+        assert f"hubby.manifest.json disagrees with the hub's metadata of {REPO_ID}@{SHA}" in p.stderr
+        want = hashlib.sha256(model_files["model.safetensors"]).hexdigest()
+        assert f"model.safetensors: sha256 {want}, manifest says {'0' * 64}" in p.stderr
+        assert [r for r in hub.requests if r[0] == "GET"] == []  # not one file downloaded
+        assert json.loads(path.read_text()) == manifest  # the committed manifest is left as it is
+        # `model lock` refuses to overwrite it as well, naming the same file.
+        p = cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby")
+        assert p.returncode == 1 and "the committed manifest wins" in p.stderr and "model.safetensors" in p.stderr
+        assert json.loads(path.read_text()) == manifest
+    assert not (tmp_path / "staged").exists()
+
+
+def test_preflight_model_pin_follows_the_manifest(recipe_dir, tmp_path, model_files):
+    _short_recipe(recipe_dir, tmp_path)
+    p = run_cli("preflight", "hubby", env_dir=recipe_dir)
+    assert p.returncode == 1 and "model-pin" in p.stdout and "ds4deploy model lock hubby" in p.stdout
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        assert cli(recipe_dir, hub, tmp_path, "model", "lock", "hubby").returncode == 0
+    # The preflight runs the deploy's control-host checks too: an unrendered recipe is refused by both.
+    assert "compose/hubby/compose.yaml is missing" in run_cli("preflight", "hubby", env_dir=recipe_dir).stderr
+    assert run_cli("render", "hubby", env_dir=recipe_dir).returncode == 0
+    p = run_cli("preflight", "hubby", "--width", "400", env_dir=recipe_dir)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert SHA in p.stdout

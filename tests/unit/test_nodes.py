@@ -116,3 +116,30 @@ def test_port_probe_needs_a_listener(tmp_path):
     t0 = time.monotonic()
     assert probe("192.0.2.1", 29501, timeout_s=1)["verdict"] != "open"
     assert time.monotonic() - t0 < 10
+
+
+def test_the_head_listener_frees_the_port_once_every_worker_has_probed():
+    """With the worker count given, the listener exits after that many probes, long before its time limit, and the
+    port is free for the head's engine (a listener that kept it made the head fail to bind: found by the
+    rehearsal)."""
+    import subprocess
+    import sys
+
+    script = REPO / "ansible/roles/stack/files/port_probe.py"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    listener = subprocess.Popen([sys.executable, str(script), "listen", str(port), "120", "2"],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        assert '"listening"' in listener.stdout.readline()
+        for _ in range(2):
+            worker = subprocess.run([sys.executable, str(script), "127.0.0.1", str(port), "5"],
+                                    capture_output=True, text=True, check=False)
+            assert worker.returncode == 0, worker.stdout
+        assert listener.wait(timeout=30) == 0  # left after the second probe, not after 120 s
+    finally:
+        listener.kill()
+        listener.wait()
+    with socket.socket() as s:  # the engine can bind the master port now
+        s.bind(("0.0.0.0", port))

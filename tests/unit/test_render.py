@@ -29,7 +29,7 @@ def test_render_is_deterministic():
 def test_stale_render_is_reported_and_exit_1(recipe_dir):
     assert run_cli("render", "cpu", env_dir=recipe_dir).returncode == 0
     compose = recipe_dir.parent / "compose" / "cpu" / "compose.yaml"
-    compose.write_text(compose.read_text().replace('"8000"', '"8001"'))
+    compose.write_text(compose.read_text().replace('"--port"', '"--port-x"'))
     (compose.parent / "leftover.yaml").write_text("x: 1\n")
     p = run_cli("render", "--check", "cpu", env_dir=recipe_dir)
     assert p.returncode == 1
@@ -39,12 +39,14 @@ def test_stale_render_is_reported_and_exit_1(recipe_dir):
 
 
 def test_changing_the_recipe_changes_every_derived_artifact(recipe_dir):
-    write_variant(recipe_dir, "port9", lambda d: d["serving"].update(port=9001))
+    write_variant(recipe_dir, "port9", lambda d: (d["serving"].update(port=9001),
+                                                  d["serving"]["front_door"].update(engine_port=9002)))
     out = render.render(load_recipe("port9")).files
-    assert '"127.0.0.1:9001:9001"' in out["compose.yaml"]
+    assert "listen 127.0.0.1:9001;" in out["front-door.conf.template"]
+    assert "server 127.0.0.1:9002;" in out["front-door.conf.template"]
     assert "ds4_port: 9001" in out["deploy-vars.yml"]
     args = json.loads(out["engine-args.json"])
-    assert args[args.index("--port") + 1] == "9001"
+    assert args[args.index("--port") + 1] == "9002"
 
 
 def test_compose_render_shape():
@@ -54,22 +56,25 @@ def test_compose_render_shape():
     svc = c["services"]["engine"]
     assert svc["image"] == r.image_ref
     assert svc["command"] == [*r.engine.entrypoint, *engine_args(r)]
-    assert svc["ports"] == ["127.0.0.1:8000:8000"]
+    # Host networking behind the front door: nothing published, no Docker proxy on the request path.
+    assert "ports" not in svc and "ports" not in c["services"]["front-door"]
+    assert svc["network_mode"] == c["services"]["front-door"]["network_mode"] == "host"
     assert any(v.endswith(":/model:ro") for v in svc["volumes"])
     assert svc["healthcheck"]["start_period"] == f"{r.container.start_period_s}s"
     assert svc["logging"]["options"] == {"max-size": "50m", "max-file": "5"}
-    assert {e["path"] for e in svc["env_file"]} == {"engine.env", "${DS4_SECRETS_ENV:-/etc/ds4deploy/secrets/cpu.env}"}
+    assert [e["path"] for e in svc["env_file"]] == ["${DS4_SECRETS_ENV:-/etc/ds4deploy/secrets/cpu.env}"]
+    assert svc["environment"] == r.engine.env
 
 
 def test_secrets_in_env_or_flags_are_refused(recipe_dir):
     write_variant(recipe_dir, "envkey", lambda d: d["engine"]["env"].update(VLLM_API_KEY="secret123"))
     with pytest.raises(UserError) as e:
         load_recipe("envkey")
-    assert "VLLM_API_KEY must not be set in the recipe" in str(e.value)
+    assert "engine.env.VLLM_API_KEY: 'VLLM_API_KEY' names a credential" in str(e.value)
     write_variant(recipe_dir, "flagkey", lambda d: d["serving"]["extra_args"].update({"api-key": "secret456"}))
     with pytest.raises(UserError) as e:
         load_recipe("flagkey")
-    assert "--api-key must not be in the recipe" in str(e.value)
+    assert "serving.extra_args.api-key: 'api-key' names a credential" in str(e.value)
 
 
 def test_key_file_must_have_a_directory_of_its_own(recipe_dir):
@@ -86,7 +91,9 @@ def test_default_key_file_is_per_recipe(recipe_dir):
 
 def test_engine_args_for_cpu():
     args = engine_args(load_recipe("cpu"))
-    assert args[:6] == ["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "0.0.0.0"]
+    # Behind the front door on host networking: loopback, the front door's engine_port.
+    assert args[:8] == ["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "127.0.0.1", "--port",
+                        "8001"]
     assert args[args.index("--gpu-memory-utilization") + 1] == "0.1"
     assert "--enable-auto-tool-choice" in args
     spec = json.loads(args[args.index("--structured-outputs-config") + 1])
@@ -105,20 +112,38 @@ def test_a_template_naming_a_missing_recipe_value_is_a_user_error(monkeypatch):
 
 
 def test_ipv6_and_host_network_renders(recipe_dir):
-    write_variant(recipe_dir, "v6", lambda d: d["serving"].update(bind_address="::1"))
+    write_variant(recipe_dir, "v6", lambda d: d["serving"].update(bind_address="::1", network_mode="bridge"))
     c = yaml.safe_load(render.render(load_recipe("v6")).files["compose.yaml"])
-    assert c["services"]["engine"]["ports"] == ["[::1]:8000:8000"]
+    assert c["services"]["front-door"]["ports"] == ["[::1]:8000:8000"]
+    assert "ports" not in c["services"]["engine"]  # the engine is reached on the compose network only
 
     def host_net(d):
-        d["serving"].update(bind_address="10.0.0.5", network_mode="host")
+        d["serving"].update(bind_address="10.0.0.5", network_mode="host", front_door={"engine_port": 8001})
 
     write_variant(recipe_dir, "hostnet", host_net)
-    c = yaml.safe_load(render.render(load_recipe("hostnet")).files["compose.yaml"])
+    files = render.render(load_recipe("hostnet")).files
+    c = yaml.safe_load(files["compose.yaml"])
     svc = c["services"]["engine"]
     assert svc["network_mode"] == "host"
     assert "ports" not in svc
-    assert "http://10.0.0.5:8000/health" in svc["healthcheck"]["test"][-1]
-    assert svc["command"][svc["command"].index("--host") + 1] == "10.0.0.5"
+    # Host networking behind the front door: the engine on loopback, its own port; the proxy on the recipe's.
+    assert "http://127.0.0.1:8001/health" in svc["healthcheck"]["test"][-1]
+    assert svc["command"][svc["command"].index("--host") + 1] == "127.0.0.1"
+    assert svc["command"][svc["command"].index("--port") + 1] == "8001"
+    assert c["services"]["front-door"]["network_mode"] == "host"
+    conf = files["front-door.conf.template"]
+    assert "listen 10.0.0.5:8000;" in conf and "server 127.0.0.1:8001;" in conf
+
+    def no_door(d):
+        d["serving"].update(bind_address="127.0.0.5", network_mode="host")
+        del d["serving"]["front_door"]
+
+    write_variant(recipe_dir, "hostnet-lo", no_door)
+    files = render.render(load_recipe("hostnet-lo")).files
+    svc = yaml.safe_load(files["compose.yaml"])["services"]["engine"]
+    assert "http://127.0.0.5:8000/health" in svc["healthcheck"]["test"][-1]
+    assert svc["command"][svc["command"].index("--host") + 1] == "127.0.0.5"
+    assert "front-door.conf.template" not in files
 
 
 def test_orphaned_render_directory_is_reported(recipe_dir):
@@ -135,8 +160,8 @@ def test_multi_node_recipe_renders_head_and_headless_worker():
     head = yaml.safe_load(files["compose.head.yaml"])["services"]["engine"]
     worker = yaml.safe_load(files["compose.worker.yaml"])["services"]["engine"]
     assert "--headless" in worker["command"] and "--headless" not in head["command"]
-    # only the serve CLI turns --headless into a headless worker
-    assert worker["command"][:2] == ["vllm", "serve"]
+    # only the serve CLI turns --headless into a headless worker (after the encoder step, images/sm121)
+    assert worker["command"][:3] == ["ds4-dsv4-encoder", "vllm", "serve"]
     for svc in (head, worker):
         assert svc["network_mode"] == "host"
         assert svc["ipc"] == "host"
@@ -150,8 +175,26 @@ def test_multi_node_recipe_renders_head_and_headless_worker():
     assert "/health" not in worker["healthcheck"]["test"][-1]
 
 
+PINNED = {"ram_gb_each": 170, "vram_gib_each": 6.15, "source": "one per NUMA node"}
+
+
+def pinned_rtx():
+    """The RTX 3090 recipe with one numactl-pinned replica per NUMA node (the layout it no longer uses: replicas that
+    share the GPUs and start one after another)."""
+    ref = load_recipe("rtx3090x2-xeon-ds4-flash")
+    data = ref.model_dump(mode="python", exclude_unset=True)
+    data["instances"] = PINNED
+    pinned = type(ref).model_validate(data)
+    pinned._source = ref.source_path
+    return pinned
+
+
 def test_numa_instances_render_one_pinned_service_each():
-    c = yaml.safe_load(render.render(load_recipe("rtx3090x2-xeon-ds4-flash")).files["compose.yaml"])
+    ref = load_recipe("rtx3090x2-xeon-ds4-flash")
+    single = yaml.safe_load(render.render(ref).files["compose.yaml"])["services"]
+    assert list(single) == ["engine"]
+    assert "numactl" not in single["engine"]["command"]
+    c = yaml.safe_load(render.render(pinned_rtx()).files["compose.yaml"])
     names = sorted(c["services"])
     assert names == ["engine-0", "engine-1", "engine-2"]
     for i, name in enumerate(names):
@@ -183,9 +226,12 @@ def test_fabric_facts_are_written_once_and_derived(recipe_dir):
 
     shutil.copy(REPO / "recipes" / "gx10x2-ds4-flash-fp8.yaml", recipe_dir / "gx10x2-ds4-flash-fp8.yaml")
     files = render.render(load_recipe("gx10x2-ds4-flash-fp8")).files
-    env = files["engine.env"]
-    assert "NCCL_IB_HCA=rocep1s0f1,roceP2p1s0f1" in env
-    assert "NCCL_SOCKET_IFNAME=enp1s0f1np1" in env and "GLOO_SOCKET_IFNAME=enp1s0f1np1" in env
+    env = yaml.safe_load(files["compose.head.yaml"])["services"]["engine"]["environment"]
+    # Names differ per node (either GX10 port pair may be cabled): the files refer to each node's .env
+    # (ds4deploy.node_fabric; tests/unit/test_node_fabric.py), the recipe's names reach it through the node plan.
+    assert env["NCCL_IB_HCA"] == "${DS4_NCCL_IB_HCA:?set by the deploy}"
+    assert {env[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")} == {
+        "${DS4_SOCKET_IFNAME:?set by the deploy}"}
     args = json.loads(files["engine-args.json"])
     assert args[args.index("--nnodes") + 1] == "2"
     assert args[args.index("--master-port") + 1] == "25000"
@@ -200,3 +246,40 @@ def write_variant_from(recipe_dir, base, name, edit):
     data["name"] = name
     edit(data)
     (recipe_dir / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+
+
+def test_ordered_stacks_are_never_restarted_by_the_docker_daemon():
+    """Replicas sharing GPUs and multi-node stacks get restart "no" (the daemon would start them all at once after a
+    reboot); a single engine keeps the recipe's policy."""
+    for recipe, files in ((pinned_rtx(), ["compose.yaml"]),
+                          (load_recipe("cpu-2node-tp"), ["compose.head.yaml", "compose.worker.yaml"]),
+                          (load_recipe("gx10x2-ds4-flash-fp8"), ["compose.head.yaml", "compose.worker.yaml"])):
+        rendered = render.render(recipe).files
+        for f in files:
+            services = yaml.safe_load(rendered[f])["services"]
+            engines = {name: svc for name, svc in services.items() if name.startswith("engine")}
+            assert {svc["restart"] for svc in engines.values()} == {"no"}, (recipe.name, f)
+    assert yaml.safe_load(render.render(load_recipe("cpu")).files["compose.yaml"])["services"]["engine"][
+        "restart"] == "unless-stopped"
+
+
+def test_an_ordered_stack_with_a_restart_policy_is_refused(tmp_path):
+    data = yaml.safe_load((REPO / "recipes" / "rtx3090x2-xeon-ds4-flash.yaml").read_text())
+    path = tmp_path / "rtx3090x2-xeon-ds4-flash.yaml"
+    data["instances"] = PINNED
+    data["container"]["restart"] = "unless-stopped"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(UserError) as exc:
+        render.render(load_recipe(path))
+    assert "must start one after another" in exc.value.cause and "remove container.restart" in exc.value.fix
+    data["container"]["restart"] = "no"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert render.render(load_recipe(path)).files["compose.yaml"].count('restart: "no"') == 3
+
+
+def test_each_node_gets_its_own_compose_project():
+    """The project name takes the node's rank from its .env (compose interpolation, not a literal "$"): two nodes on
+    one Docker host must not share (and replace) one project."""
+    for f in ("compose.head.yaml", "compose.worker.yaml"):
+        doc = render.compose_config(REPO / "compose" / "cpu-2node-tp" / f)
+        assert doc["name"] == f"ds4-cpu-2node-tp-node{render.EXAMPLE_NODE_ENV['DS4_NODE_RANK']}", doc["name"]

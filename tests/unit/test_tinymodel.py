@@ -91,4 +91,21 @@ def test_stage_refuses_a_generator_that_drifted_from_the_manifest(recipe_dir, tm
     p = run_cli("model", "stage", "cpu", "--dest", str(tmp_path / "staged"), env_dir=recipe_dir)
     assert p.returncode == 1
     assert "model.safetensors: sha256" in p.stderr
-    assert "ds4deploy model manifest cpu --write" in p.stderr
+    assert "ds4deploy model lock cpu" in p.stderr
+
+
+def test_chat_template_renders_a_system_message_wherever_it_stands():
+    """Coding agents send system entries mid-conversation; each is rendered once, in place (the first one in the
+    leading system block, with or without tools)."""
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    from ds4deploy.tinymodel import CHAT_TEMPLATE
+
+    tpl = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
+    msgs = [{"role": "system", "content": "FIRST-RULE"}, {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"}, {"role": "system", "content": "LATER-RULE"},
+            {"role": "user", "content": "go on"}]
+    for tools in (None, [{"type": "function", "function": {"name": "f", "parameters": {}}}]):
+        out = tpl.render(messages=msgs, tools=tools, add_generation_prompt=True)
+        assert out.count("FIRST-RULE") == 1 and out.count("LATER-RULE") == 1
+        assert out.index("hello") < out.index("<|im_start|>system\nLATER-RULE<|im_end|>") < out.index("go on")

@@ -259,3 +259,43 @@ def test_a_filesystem_that_cannot_tell_is_read_ahead_and_left_alone(tmp_path):
     finally:
         os.close(fd)
         path.unlink()
+
+
+def test_symlinks_leaving_the_model_directory_are_refused(model, tmp_path):
+    """The container mounts only the model directory: a link out of it dangles there, even when its target
+    hashes right on the host. Links that stay inside are fine."""
+    d, manifest, _ = model
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # The shard itself is a link to an identical file outside (a hub cache blob, say).
+    shutil.move(d / "shard-0.bin", elsewhere / "shard-0.bin")
+    (d / "shard-0.bin").symlink_to(elsewhere / "shard-0.bin")
+    # A directory on the path is a link out of the model directory.
+    shutil.move(d / "sub", elsewhere / "sub")
+    (d / "sub").symlink_to(elsewhere / "sub")
+    # A relative link that stays inside is accepted.
+    os.rename(d / "config.json", d / "config.real.json")
+    (d / "config.json").symlink_to("config.real.json")
+    r = verify_model(d, manifest)
+    st = _status(r)
+    assert st["shard-0.bin"] == "outside" and st["sub/tokenizer.json"] == "outside"
+    assert st["config.json"] == "ok" and st["shard-1.bin"] == "ok"
+    assert not r.ok
+    problem = next(p for p in r.problems() if "shard-0.bin" in p)
+    assert str(elsewhere / "shard-0.bin") in problem and "would dangle" in problem
+    assert "cp --remove-destination" in problem
+    # Not recorded as verified: replacing the link with the file makes it pass.
+    (d / "shard-0.bin").unlink()
+    shutil.copy(elsewhere / "shard-0.bin", d / "shard-0.bin")
+    assert _status(verify_model(d, manifest))["shard-0.bin"] == "ok"
+
+
+def test_a_relative_link_climbing_out_is_refused(model, tmp_path):
+    d, manifest, _ = model
+    outside = tmp_path / "shard-2.bin"
+    shutil.move(d / "shard-2.bin", outside)
+    (d / "shard-2.bin").symlink_to(os.path.join("..", "shard-2.bin"))
+    assert verify.resolves_outside(d, "shard-2.bin") == str(outside)
+    assert _status(verify_model(d, manifest))["shard-2.bin"] == "outside"
+    assert verify.resolves_outside(d, "shard-1.bin") is None
+    assert verify.resolves_outside(d, "no-such-file") is None

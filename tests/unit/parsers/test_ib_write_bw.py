@@ -18,7 +18,6 @@ def test_gb10_run_infinitely_rows_and_unknown_peak():
     assert [row.iterations for row in result.rows] == [882805, 882802, 882791, 882791, 882821]
     assert [row.bw_avg_gbit_s for row in result.rows] == [92.57, 92.57, 92.57, 92.56, 92.57]
     assert all(row.bw_peak_gbit_s is None for row in result.rows)  # printed 0.00 = not measured
-    assert result.peak_measured is False
     assert result.bw_avg_gbit_s == 92.57
     assert result.rows[-1].msg_rate_mpps == 0.176555
     assert result.warnings == ("WARNING: BW peak won't be measured in this run.",)
@@ -41,7 +40,6 @@ def test_conflicting_cpu_frequency_between_header_and_row():
     assert (result.device, result.gid_index, result.mtu_bytes) == ("mlx5_0", 3, 4096)
     assert result.bw_peak_gbit_s == 92.42
     assert result.bw_avg_gbit_s == 92.40
-    assert result.peak_measured is True
     assert result.warnings == (
         "Conflicting CPU frequency values detected: 1200.535000 != 1251.336000. CPU Frequency is not max.",
     )
@@ -83,3 +81,56 @@ def test_header_without_any_row_is_refused():
 def test_other_tools_output_is_refused():
     with pytest.raises(UserError, match="expected ib_write_bw output"):
         parse_ib_write_bw(fixture_text("nccl_tests-coreweave-43-gb200.txt"))
+
+
+def test_cpu_util_column_is_read():
+    result = parse_ib_write_bw(fixture_text("ib_write_bw-issue15-cpu-util-column.txt"))
+    (row,) = result.rows
+    assert (row.size_bytes, row.iterations, row.bw_peak_gbit_s, row.bw_avg_gbit_s) == (65536, 1000000, None, 90.0)
+    assert row.msg_rate_mpps == 0.171661
+    assert row.extra == {"CPU_Util[%]": 4.0}
+    assert row.cpu_util_pct == 4.0
+    # Without the column there is no value, not a zero.
+    assert parse_ib_write_bw(fixture_text("ib_write_bw-deepops-conflicting-cpu.txt")).rows[0].cpu_util_pct is None
+
+
+def test_extra_column_row_cut_short_is_still_a_cut():
+    text = fixture_text("ib_write_bw-issue15-cpu-util-column.txt").replace("0.171661         4.00", "0.171661")
+    with pytest.raises(UserError, match="cut mid-row"):
+        parse_ib_write_bw(text)
+
+
+@pytest.mark.parametrize(("name", "kind", "quoted", "fix_needle"), [
+    ("ib_write_bw-perftest-pr-228-couldnt-connect.txt", "TCP connection to the server",
+     "Couldn't connect to 192.168.125.211:18515", "start the server before the client"),
+    ("ib_write_bw-issue15-fail-couldnt-connect.txt", "TCP connection to the server",
+     "Unable to init the socket connection", "same -p port"),
+    ("ib_write_bw-k8s-rdma-shared-dev-plugin-169-no-device.txt", "no RDMA device",
+     "Did not detect devices", "/dev/infiniband"),
+    ("ib_write_bw-issue15-fail-no-device.txt", "no RDMA device",
+     "Unable to find the Infiniband/RoCE device", "modprobe mlx5_ib"),
+    ("ib_write_bw-perftest-54-rdma-cm-rejected.txt", "rdma_cm connection",
+     "Event: RDMA_CM_EVENT_REJECTED; error: -111.", "server's rail address"),
+    ("ib_write_bw-perftest-105-create-qp.txt", "RDMA resources",
+     "Failed to create QP.", "ulimit -l unlimited"),
+])
+def test_perftest_own_failure_is_quoted_with_its_fix(name, kind, quoted, fix_needle):
+    with pytest.raises(UserError) as err:
+        parse_ib_write_bw(fixture_text(name))
+    assert f"ib_write_bw failed ({kind})" in err.value.cause
+    assert f"'{quoted}'" in err.value.cause
+    assert fix_needle in err.value.fix
+    assert "no table found" not in err.value.cause and "found none" not in err.value.cause
+
+
+def test_connection_failure_after_the_tcp_exchange():
+    # linux-rdma/perftest issue #132: the server's and the client's lines, as quoted there.
+    server = ("ethernet_read_keys: Couldn't read remote address\nUnable to read to socket/rdma_cm\n"
+              "Failed to exchange data between server and clients\n")
+    with pytest.raises(UserError) as err:
+        parse_ib_write_bw(server)
+    assert "RDMA connection after the TCP exchange" in err.value.cause
+    assert "'Failed to exchange data between server and clients'" in err.value.cause
+    assert "-x" in err.value.fix and "gid-index" in err.value.fix
+    with pytest.raises(UserError, match="RDMA connection after the TCP exchange"):
+        parse_ib_write_bw("Failed to modify QP to RTS\n Unable to Connect the HCA's through the link\n")

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from ds4deploy.errors import UserError
-from ds4deploy.parsers.rdma_link import RdmaLink, parse_rdma_link_json, parse_rdma_link_text
+from ds4deploy.parsers.rdma_link import RdmaLink, parse_ibdev2netdev, parse_rdma_link_text
 from tests.unit.parsers._fixtures import fixture_text
 
 
@@ -46,35 +44,32 @@ def test_text_cut_line_is_refused():
         parse_rdma_link_text("link mlx5_0/1 state ACTIVE\n")
 
 
-def _as_json(links: list[RdmaLink]) -> str:
-    """The JSON iproute2 >= 5 prints for these links (keys from rdma/link.c: ifindex, ifname, port, ...)."""
-    return json.dumps(
-        [
-            {"ifindex": i, "ifname": link.device, "port": link.port, "state": link.state,
-             "physical_state": link.physical_state, "netdev": link.netdev, "netdev_index": 2 + i}
-            for i, link in enumerate(links)
-        ]
-    )
+def test_ibdev2netdev_gb10_twin_hcas():
+    links = parse_ibdev2netdev(fixture_text("ibdev2netdev-dgx-spark-playbooks-connect-two-sparks.txt"))
+    assert [(m.device, m.port, m.netdev, m.carrier) for m in links] == [
+        ("roceP2p1s0f0", 1, "enP2p1s0f0np0", "Down"), ("roceP2p1s0f1", 1, "enP2p1s0f1np1", "Up"),
+        ("rocep1s0f0", 1, "enp1s0f0np0", "Down"), ("rocep1s0f1", 1, "enp1s0f1np1", "Up"),
+    ]
+    assert [m.is_up for m in links] == [False, True, False, True]
+    assert links[3].port_state is None and links[3].shown == "enp1s0f1np1 Up (ibdev2netdev)"
 
 
-def test_json_matches_text_for_the_same_ports():
-    # No captured `rdma -j link show` was found (SOURCES.md): the JSON is built from the real text capture
-    # with iproute2's key names, so the two parsers must agree on it.
-    links = parse_rdma_link_text(fixture_text("rdma_link-3fs-pr-283.txt"))
-    assert parse_rdma_link_json(_as_json(links)) == links
+def test_ibdev2netdev_verbose_reads_the_port_state():
+    links = parse_ibdev2netdev(fixture_text("ibdev2netdev-sriov-cni-verbose.txt"))
+    assert len(links) == 6
+    assert (links[0].device, links[0].netdev, links[0].port_state, links[0].carrier) == (
+        "mlx5_0", "enp2s0f0", "ACTIVE", "Up")
+    assert (links[2].device, links[2].port_state, links[2].is_up) == ("mlx5_2", "DOWN", False)  # "(DOWN  )"
+    assert links[0].shown == "ACTIVE, enp2s0f0 Up (ibdev2netdev)"
 
 
-def test_json_early_ifname_with_port():
-    (link,) = parse_rdma_link_json('[{"ifindex":1,"port":1,"ifname":"mlx5_0/1","state":"ACTIVE",'
-                                   '"physical_state":"LINK_UP"}]')
-    assert (link.device, link.port, link.netdev) == ("mlx5_0", 1, None)
-
-
-def test_json_errors():
-    assert parse_rdma_link_json("[]") == []
-    with pytest.raises(UserError, match="unparseable"):
-        parse_rdma_link_json(fixture_text("rdma_link-3fs-pr-283.txt"))
-    with pytest.raises(UserError, match="lacks physical_state"):
-        parse_rdma_link_json('[{"ifname":"mlx5_0","port":1,"state":"ACTIVE"}]')
-    with pytest.raises(UserError, match="a list of link objects"):
-        parse_rdma_link_json('{"ifname":"mlx5_0"}')
+def test_ibdev2netdev_vf_down_and_errors():
+    (vf,) = parse_ibdev2netdev(fixture_text("ibdev2netdev-sriov-network-operator-382-vf-down.txt"))
+    assert (vf.device, vf.netdev, vf.is_up) == ("mlx5_3", "net1", False)
+    assert parse_ibdev2netdev("") == []
+    with pytest.raises(UserError, match="expected `ibdev2netdev` output"):
+        parse_ibdev2netdev(fixture_text("rdma_link-3fs-pr-283.txt"))
+    with pytest.raises(UserError, match="line 1"):
+        parse_ibdev2netdev("mlx5_0 port 1 <===> ib0\n")  # pre-2017 style: no state printed
+    with pytest.raises(UserError, match="line 2"):
+        parse_ibdev2netdev("rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)\nrocep1s0f0 port 1 ==> enp1s0f\n")

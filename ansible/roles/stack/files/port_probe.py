@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Can the workers reach the head's rendezvous port? Checked before any engine starts.
 
-    port_probe.py listen PORT SECONDS      on the head: accept connections on PORT for SECONDS, then exit
+    port_probe.py listen PORT SECONDS [N]  on the head: accept connections on PORT until N have come (one per
+                                           worker) or SECONDS have passed, then exit and free the port
     port_probe.py ADDR PORT [TIMEOUT_S]    on a worker: connect; prints {"verdict", "errno", "detail"}
 
 The head listens first (the deploy starts it in the background), so a worker's connect must succeed ("open").
@@ -39,8 +40,13 @@ def probe(addr: str, port: int, timeout_s: float = 5.0) -> dict:
         return {"verdict": "unreachable", "errno": exc.errno, "detail": exc.strerror or str(exc)}
 
 
-def listen(port: int, seconds: float) -> int:
-    """Accept (and close) connections on 0.0.0.0:port for `seconds`. Returns 0, or 2 when the port is taken."""
+def listen(port: int, seconds: float, expected: int | None = None) -> int:
+    """Accept (and close) connections on 0.0.0.0:port until `expected` connections have come (every worker probed)
+    or `seconds` have passed. Returns 0, or 2 when the port is taken.
+
+    Leaving as soon as every worker has probed frees the port for the head's engine: a listener that kept it for the
+    whole `seconds` made a head that started sooner fail to bind its master port (found by the rehearsal).
+    """
     import time
 
     try:
@@ -50,6 +56,7 @@ def listen(port: int, seconds: float) -> int:
         return 2
     print(json.dumps({"verdict": "listening", "errno": None, "detail": f"port {port} for {seconds:g} s"}), flush=True)
     deadline = time.monotonic() + seconds
+    accepted = 0
     with srv:
         while (left := deadline - time.monotonic()) > 0:
             srv.settimeout(left)
@@ -58,12 +65,15 @@ def listen(port: int, seconds: float) -> int:
             except TimeoutError:
                 break
             conn.close()
+            accepted += 1
+            if expected is not None and accepted >= expected:
+                break
     return 0
 
 
 def main(argv: list[str]) -> int:
     if argv[1] == "listen":
-        return listen(int(argv[2]), float(argv[3]))
+        return listen(int(argv[2]), float(argv[3]), int(argv[4]) if len(argv) > 4 else None)
     addr, port = argv[1], int(argv[2])
     result = probe(addr, port, float(argv[3]) if len(argv) > 3 else 5.0)
     print(json.dumps(result))

@@ -1,0 +1,1 @@
+../../ansible/module_utils/ds4_gids.py

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Start the front door: substitute the API key into a private copy of the rendered config, test it, run nginx.
+#
+# In:  /etc/ds4deploy/front-door.conf.template (rendered by ds4deploy, mounted read-only; holds ${VLLM_API_KEY})
+#      VLLM_API_KEY (from the recipe's 0600 key file, through the compose env_file)
+# Out: /run/front-door/nginx.conf (mode 0600, tmpfs: never on disk, never in the image)
+# Exit 2 with "error: ... / fix: ..." when the key or the config is unusable; nothing listens then.
+set -euo pipefail
+
+template=${FRONT_DOOR_TEMPLATE:-/etc/ds4deploy/front-door.conf.template}
+conf=/run/front-door/nginx.conf
+
+fail() { echo "error: $1" >&2; echo "fix: $2" >&2; exit 2; }
+
+[ -r "$template" ] || fail "no front door config at $template" "run \`ds4deploy render\` and deploy again"
+[ -n "${VLLM_API_KEY:-}" ] || fail "VLLM_API_KEY is empty or unset" \
+  "the recipe's key file must hold a VLLM_API_KEY= line: delete it and deploy again to regenerate it"
+# The key goes into nginx regular expressions: only characters that are literal there and need no quoting.
+case "$VLLM_API_KEY" in
+  *[!A-Za-z0-9_-]*) fail "VLLM_API_KEY holds characters other than A-Z a-z 0-9 _ -" \
+    "use a key of those characters only (the deploy generates ds4-<40 letters and digits>)" ;;
+esac
+
+umask 077
+mkdir -p /run/front-door
+# Only ${VLLM_API_KEY} is substituted; nginx's own $variables stay as they are.
+envsubst '${VLLM_API_KEY}' <"$template" >"$conf"
+unset VLLM_API_KEY
+nginx -e stderr -t -q -c "$conf" || fail "nginx rejects the front door config (rendered from $template)" \
+  "render it again with \`ds4deploy render\`; if that does not help, report the nginx message above"
+exec nginx -e stderr -c "$conf" -g 'daemon off;'

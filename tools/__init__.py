@@ -1,0 +1,1 @@
+"""Development tooling that is not part of the installed ds4deploy package (run from the repository root)."""
