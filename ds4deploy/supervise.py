@@ -26,7 +26,10 @@ line across the nodes.
 Start order across reboots and daemon restarts: the compose files of ordered stacks (several nodes, or replicas
 that share GPUs) carry ``restart: "no"`` (`ds4deploy.render.restart_policy`), so the Docker daemon never starts
 their engines at once; after a reboot or a daemon restart the engines are down, the supervisor sees
-``engine-down`` and runs the ordered start.
+``engine-down`` and runs the ordered start. While a node's Docker daemon does not answer at all (the daemon is
+restarting, the host is rebooting or unreachable), nothing can be restarted there: the supervisor records
+``unreachable`` once, waits without spending its restart budget, records ``reachable`` when every node answers again,
+and only then judges the containers (a daemon restart counted as failed restarts used to exhaust the budget).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from ds4deploy.recipe import REPO_ROOT, Recipe
 from ds4deploy.secrets import parse_env_file
 
 GAVE_UP_EXIT = 3
+UNKNOWN = "unknown"  # prefix of a node state when its Docker daemon did not answer (`Target.container_states`)
 
 
 @dataclass
@@ -101,7 +105,8 @@ class Target:
 
     def container_states(self) -> dict[str, str]:
         """Node name -> state of its containers ("running" when all run, else the first other state: "exited",
-        "paused", "missing", ...): every engine replica and the front door count.
+        "paused", "missing", ...): every engine replica and the front door count. ``"unknown (<why>)"`` when the
+        node's Docker daemon did not answer (daemon down or restarting, host unreachable).
 
         Local nodes (ansible_connection: local) are asked through the local Docker daemon; remote ones through
         ``DOCKER_HOST=ssh://<ansible_host>`` (Docker's own ssh transport; needs the control host's ssh access).
@@ -115,14 +120,14 @@ class Target:
                     ["docker", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
                      "--format", "{{.State}}"], capture_output=True, text=True, env=env, timeout=30, check=False)
             except (OSError, subprocess.TimeoutExpired) as exc:
-                out[node.name] = f"unknown ({exc})"
+                out[node.name] = f"{UNKNOWN} ({exc})"
                 continue
             # Every container of the node's project (the engine, and the front door on the head): the node is as
             # good as its worst one.
             states = proc.stdout.split()
             worst = next((st for st in states if st != "running"), "running")
             out[node.name] = worst if proc.returncode == 0 and states else (
-                "missing" if proc.returncode == 0 else f"unknown ({proc.stderr.strip()[:100]})")
+                "missing" if proc.returncode == 0 else f"{UNKNOWN} ({proc.stderr.strip()[:100]})")
         return out
 
     def health(self, timeout_s: float = 5) -> tuple[bool, str]:
@@ -222,6 +227,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
     backoff = policy.backoff_s
     last_probe: float | None = None
     healthy_since: float | None = None
+    unreachable_since: float | None = None
     log = journal.path.with_suffix(".restart.log")
     journal.write("start", recipe=target.recipe.name, url=target.url,
                   nodes={n.name: n.role for n in target.nodes}, policy=policy.__dict__)
@@ -230,6 +236,18 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
         cycle += 1
         reason, detail = None, ""
         states = target.container_states()
+        lost = {name: st for name, st in states.items() if st.startswith(UNKNOWN)}
+        if lost:
+            # No daemon to ask and none to start containers on: a restart now can only fail. Wait, unbudgeted.
+            if unreachable_since is None:
+                unreachable_since = clock()
+                journal.write("unreachable", detail=", ".join(f"{n}: {s}" for n, s in sorted(lost.items())))
+            healthy_since = None
+            sleep(policy.interval_s)
+            continue
+        if unreachable_since is not None:
+            journal.write("reachable", seconds=round(clock() - unreachable_since, 1))
+            unreachable_since = None
         down = {name: st for name, st in states.items() if st != "running"}
         if down:
             reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
@@ -252,7 +270,9 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                 # a head whose worker died still answers /health (seen as "wedged" in CI before this re-read).
                 states = target.container_states()
                 down = {name: st for name, st in states.items() if st != "running"}
-                if down:
+                if any(st.startswith(UNKNOWN) for st in down.values()):
+                    reason = None  # a daemon stopped answering meanwhile: the next check waits for it
+                elif down:
                     reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
         if reason is None:
             if misses == 0:

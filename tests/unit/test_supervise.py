@@ -197,3 +197,52 @@ def test_a_wedge_with_every_container_running_stays_wedged(tmp_path):
     _rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=3)
     failure = next(e for e in events if e["event"] == "failure")
     assert failure["reason"] == "wedged" and "no completion" in failure["detail"]
+
+
+@dataclass
+class DaemonRestarts(FakeGroup):
+    """Two nodes through a Docker daemon restart: `states[i]` is what check i sees (after the script ends, or after
+    a restart, both run). While the daemon is down `docker ps` fails, so the node reads "unknown (...)"; when it is
+    back, the engines are "exited" (restart policy "no")."""
+
+    nodes: list = field(default_factory=lambda: [
+        Node("a", 0, "head", "10.0.0.1", "10.0.0.1", "compose.head.yaml", "a:22"),
+        Node("b", 1, "worker", "10.0.0.2", "10.0.0.1", "compose.worker.yaml", "b:22")])
+    states: list = field(default_factory=list)
+    seen: int = 0
+
+    def container_states(self) -> dict[str, str]:
+        self.seen += 1
+        if self.restarts or self.seen > len(self.states):
+            return {"a": "running", "b": "running"}
+        return dict(self.states[self.seen - 1])
+
+
+DOWN = "unknown (Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?)"
+
+
+def test_a_daemon_that_does_not_answer_is_waited_for_not_restarted(tmp_path):
+    # 30 checks (300 s) without a daemon, then both engines exited: one restart, and a budget of 1 is not spent
+    # by the wait (before, every check of the outage was a failed restart and the supervisor gave up).
+    states = [{"a": DOWN, "b": DOWN}] * 30 + [{"a": "exited", "b": "exited"}]
+    group = DaemonRestarts(FakeClock(), script=[], states=states)
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=1, window_s=3600), cycles=40)
+    assert rc == 0
+    assert len(group.restarts) == 1
+    kinds = [e["event"] for e in events]
+    assert kinds.count("unreachable") == 1 and kinds.count("reachable") == 1, kinds
+    assert kinds.index("unreachable") < kinds.index("reachable") < kinds.index("failure"), kinds
+    assert next(e for e in events if e["event"] == "reachable")["seconds"] == 300
+    failure = next(e for e in events if e["event"] == "failure")
+    assert (failure["reason"], failure["detail"]) == ("engine-down", "a: exited, b: exited")
+    assert group.incidents == ["supervisor: engine-down (a: exited, b: exited)"]
+
+
+def test_one_node_unreachable_is_waited_for_too(tmp_path):
+    # The worker's host reboots (ssh to its daemon fails) while the head still runs: no restart can reach it.
+    states = [{"a": "running", "b": "unknown (ssh: connect to host 10.0.0.2 port 22: No route to host)"}] * 50
+    group = DaemonRestarts(FakeClock(), script=[], states=states)
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=1, window_s=3600), cycles=50)
+    assert rc == 0 and group.restarts == [] and group.incidents == []
+    assert [e["event"] for e in events] == ["start", "unreachable"]
+    assert "b: unknown (ssh: connect" in events[1]["detail"]
