@@ -2,34 +2,27 @@
 
 Runs ansible/preflight.yml (the same playbook site.yml and provision.yml import before their first change) with the
 run's variables already written (``ds4_vars_file``, `ds4deploy.playvars.write_play_vars`), through Ansible's JSON
-stdout callback (``ansible.posix.json``, https://docs.ansible.com/ansible/latest/collections/ansible/posix/
-json_callback.html), and prints one line per node: ``ok`` or each failed check's message (cause and fix). Nothing on
-any node is changed: the playbook's tasks only read (``changed_when: false``), and the test of every refusal proves
-the nodes' state unchanged (tests/e2e/test_refusal_order.py).
+stdout callback (`ds4deploy.playbook.run_json`), and prints one line per node: ``ok`` or each failed check's message
+(cause and fix). Nothing on any node is changed: the playbook's tasks only read (``changed_when: false``), and the
+test of every refusal proves the nodes' state unchanged (tests/e2e/test_refusal_order.py).
 """
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import REPO_ROOT
-from ds4deploy.status import failures
+from ds4deploy import playbook
 
-PLAYBOOK = REPO_ROOT / "ansible" / "preflight.yml"
+PLAYBOOK = "preflight.yml"
 
 
 def verdict_lines(run: dict) -> list[str]:
     """What an ``ansible.posix.json`` run of ansible/preflight.yml says per node, one line each: ``<node>: ok``, or
     (when another node's check stopped the run, any_errors_fatal) ``<node>: not every check ran (the run stopped at
     another node)``; then ``failed: <host>: <task>: <message>`` for each failed or unreachable task
-    (`ds4deploy.status.failures`). The nodes are the hosts of every play after the first, which runs on the control
+    (`ds4deploy.playbook.failures`). The nodes are the hosts of every play after the first, which runs on the control
     host alone."""
-    failed = failures(run)
+    failed = playbook.failures(run)
     nodes = sorted({host for play in run.get("plays", [])[1:] for task in play.get("tasks", [])
                     for host in task.get("hosts", {})})
     fine = [n for n in nodes if not any(line.startswith(f"{n}: ") for line in failed)]
@@ -53,24 +46,14 @@ def read_nodes(recipe: str, inventory: str, vars_file: Path, model_from: Path | 
     Raises:
         UserError: ansible-playbook is missing, or its JSON output cannot be read (its stderr is quoted).
     """
-    ansible = Path(sys.executable).parent / "ansible-playbook"
-    if not ansible.is_file():
-        raise UserError(f"{ansible} not found", "run `make venv` (Ansible is a dependency of the deploy extra)")
-    argv = [str(ansible), "-i", inventory, str(PLAYBOOK), "-e", f"recipe={recipe}", "-e", f"ds4_vars_file={vars_file}",
-            *(["-e", f"ds4_model_from={model_from.absolute()}"] if model_from else [])]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOK.parent / "ansible.cfg"),
-           "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    try:
-        run = json.loads(done.stdout)
-    except ValueError:
-        raise UserError(f"ansible-playbook {PLAYBOOK.name} failed (exit {done.returncode}): "
-                        f"{(done.stderr or done.stdout).strip()[-800:]}",
-                        f"run `ansible-playbook -i {inventory} ansible/preflight.yml -e recipe={recipe}` for "
-                        "Ansible's whole output") from None
+    extra = [f"recipe={recipe}", f"ds4_vars_file={vars_file}",
+             *([f"ds4_model_from={model_from.absolute()}"] if model_from else [])]
+    done, run = playbook.run_json(PLAYBOOK, inventory, *extra,
+                                  fix=f"run `ansible-playbook -i {inventory} ansible/{PLAYBOOK} -e recipe={recipe}` "
+                                      "for Ansible's whole output")
     lines = verdict_lines(run)
     print("\n".join(lines))
     failed = any(line.startswith("failed: ") for line in lines)
     if done.returncode != 0 and not failed:
-        print(f"failed: ansible-playbook {PLAYBOOK.name} exited {done.returncode}: {done.stderr.strip()[-800:]}")
+        print(f"failed: ansible-playbook {PLAYBOOK} exited {done.returncode}: {done.stderr.strip()[-800:]}")
     return 0 if done.returncode == 0 and not failed else 1

@@ -10,17 +10,13 @@ with the normal output, as `make status V=1` does).
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import REPO_ROOT
+from ds4deploy import playbook
 
-PLAYBOOK = REPO_ROOT / "ansible" / "status.yml"
+PLAYBOOK = "status.yml"
 REPORT_VAR = "status_report"
 
 
@@ -39,20 +35,6 @@ def reports(run: dict[str, Any]) -> list[dict[str, str]]:
             for result in task.get("hosts", {}).values():
                 if isinstance(result.get(REPORT_VAR), dict):
                     out.append(result[REPORT_VAR])
-    return out
-
-
-def failures(run: dict[str, Any]) -> list[str]:
-    """``<host>: <task>: <message>`` for every failed or unreachable task result (ignored failures left out); a
-    looped task's message is each failed item's (Ansible's own for the task is only "One or more items failed")."""
-    out = []
-    for play in run.get("plays", []):
-        for task in play.get("tasks", []):
-            name = task.get("task", {}).get("name", "?")
-            for host, result in task.get("hosts", {}).items():
-                if (result.get("failed") and not result.get("ignore_errors")) or result.get("unreachable"):
-                    items = [str(r.get("msg", "")).strip() for r in result.get("results", []) if r.get("failed")]
-                    out.append(f"{host}: {name}: {'; '.join(items) or str(result.get('msg', '')).strip()}")
     return out
 
 
@@ -86,24 +68,13 @@ def status(recipe: str, inventory: str, log_lines: int = 0, verbose: bool = Fals
     Raises:
         UserError: ansible-playbook is missing, or its JSON output cannot be read (its stderr is quoted).
     """
-    ansible = Path(sys.executable).parent / "ansible-playbook"
-    if not ansible.is_file():
-        raise UserError(f"{ansible} not found", "run `make venv` (Ansible is a dependency of the deploy extra)")
-    argv = [str(ansible), "-i", inventory, str(PLAYBOOK), "-e", f"recipe={recipe}", "-e", f"stack_logs={log_lines}"]
-    env = {**os.environ, "ANSIBLE_CONFIG": str(PLAYBOOK.parent / "ansible.cfg")}
+    extra = (f"recipe={recipe}", f"stack_logs={log_lines}")
     if verbose:
-        return subprocess.run(argv, env=env, check=False).returncode
-    env["ANSIBLE_STDOUT_CALLBACK"] = "ansible.posix.json"
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    try:
-        run = json.loads(done.stdout)
-    except ValueError:
-        raise UserError(f"ansible-playbook {PLAYBOOK.name} failed (exit {done.returncode}): "
-                        f"{(done.stderr or done.stdout).strip()[-800:]}",
-                        "run `make status V=1` for Ansible's whole output") from None
+        return subprocess.run(playbook.argv(PLAYBOOK, inventory, *extra), env=playbook.env(), check=False).returncode
+    done, run = playbook.run_json(PLAYBOOK, inventory, *extra, fix="run `make status V=1` for Ansible's whole output")
     print_reports(reports(run), stream)
     if done.returncode != 0:
-        for line in failures(run):
+        for line in playbook.failures(run):
             print(f"failed: {line}", file=sys.stderr)
         if done.stderr.strip():
             print(done.stderr.rstrip(), file=sys.stderr)

@@ -4,10 +4,10 @@ deployed by the same playbooks as the GPU recipes, as two containers on one Dock
 killed, the head killed, the worker's engine process frozen (API up, no progress), both engines down at once (what a
 reboot leaves: the supervisor starts the worker first, then the head), and a real Docker daemon restart (in CI, whose
 machine is its own; opt-in elsewhere): the supervisor waits out the outage unbudgeted, then starts them in order;
-after each, a request succeeds and an incident folder holds every node's log. Then the head started alone: a clear "waiting for
-its peer" failure within the recipe's distributed timeout, and nothing left running; then a worker that fails at
-start: the deploy's message quotes the worker's own first error. Runs in `make test` after the single-node checks
-(tests/multinode).
+after each, a request succeeds and an incident folder holds every node's log. Then the head started alone: a clear
+"waiting for its peer" failure within the recipe's distributed timeout, and nothing left running; then a worker that
+fails at start: the deploy's message quotes the worker's own first error. Runs in `make test` after the single-node
+checks (tests/multinode).
 """
 
 from __future__ import annotations

@@ -142,4 +142,7 @@ def test_the_head_listener_frees_the_port_once_every_worker_has_probed():
         listener.kill()
         listener.wait()
     with socket.socket() as s:  # the engine can bind the master port now
+        # As torch's TCPStore does (SO_REUSEADDR, c10d socket.cpp): the probes' closed connections may sit in
+        # TIME_WAIT on this port, which only a bind without the option refuses.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("0.0.0.0", port))

@@ -9,7 +9,7 @@ import io
 import json
 from pathlib import Path
 
-from ds4deploy import status
+from ds4deploy import playbook, status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ansible"
 
@@ -32,13 +32,13 @@ def test_prints_docker_output_verbatim_per_node():
     assert text == f"== localhost (single, rank 0) ==\n{ps}\nGET /health -> 200\n{logs}\n"
     assert ps.startswith("NAME") and len(logs.splitlines()) >= 3
     assert "TASK [" not in text and "PLAY" not in text and '\\"' not in text
-    assert status.failures(run) == []
+    assert playbook.failures(run) == []
 
 
 def test_a_failed_run_names_the_host_task_and_message():
     run = _load("status-plan-refused.json")
     assert status.reports(run) == []
-    (line,) = status.failures(run)
+    (line,) = playbook.failures(run)
     assert line.startswith("localhost: Stop on bad input (nothing was changed on any host): error: no head in the "
                            "inventory")
     assert "fix: add the head node" in line
