@@ -96,11 +96,9 @@ def cpuinfo(recipe: Recipe) -> str:
 
 
 def ram_kib(recipe: Recipe) -> int:
-    """The stand-in's RAM (KiB): the larger of the recipe's minimum and its NUMA nodes times its RAM per NUMA node
-    (the memory_numa role checks each node's share against the latter), plus 5 %."""
-    hw = recipe.hardware
-    gib = max(hw.min_ram_gib, hw.numa_nodes * (hw.ram_per_numa_gib or 0))
-    return int(gib * 1.05 * 1024 * 1024)
+    """The stand-in's RAM (KiB): the recipe's minimum plus 5 %. Split over its NUMA nodes it also covers
+    hardware.ram_per_numa_gib, which the schema keeps within min_ram_gib / numa_nodes (ds4deploy.recipe.Hardware)."""
+    return int(recipe.hardware.min_ram_gib * 1.05 * 1024 * 1024)
 
 
 def meminfo(recipe: Recipe) -> str:
