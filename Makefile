@@ -1,6 +1,7 @@
 # ds4deploy: the two set-up commands are `make deploy` and `make test`.
 #   make deploy [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml]
-#   make test                 lint, unit tests, end-to-end deploy + host/serving checks, teardown
+#   make test                 lint, unit tests, end-to-end deploy + host/serving checks, teardown, the test hosts,
+#                             the three reference recipes rehearsed on stand-in nodes (`make rehearse`)
 #   make check-fast           lint + unit tests only: no network, no Docker, under 3 minutes
 #   make down | status | logs [LINES=200]   (V=1: Ansible's whole output; deploy starts `ds4deploy supervise` as a
 #                             service, status shows it, down stops it first)
@@ -130,7 +131,9 @@ e2e: venv
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
 	exit $$status
 
+# The rehearsal last: its stand-in engines are built FROM the cpu engine image that e2e's deploy builds.
 test: lint unit e2e test-hosts
+	@$(MAKE) --no-print-directory rehearse RECIPE=cpu
 
 # Lint and unit tests, no network and no Docker (the vLLM-parser tests run when .cache/engine-venv exists, which
 # `make unit` creates; without it they are skipped and say so). Under 3 minutes on the 2-core CI host.

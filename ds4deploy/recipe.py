@@ -113,6 +113,18 @@ class Hardware(Strict):
     min_free_disk_gib: float = Field(gt=0, description="free space needed where model and images live, GiB")
     known_bad_kernels: list[KnownBadKernel] = Field(default_factory=list)
 
+    @model_validator(mode="after")
+    def _numa_within_ram(self) -> Hardware:
+        # The node preflight checks both minimums (preflight role: MemTotal >= min_ram_gib; memory_numa: each NUMA
+        # node >= ram_per_numa_gib): a host with min_ram_gib split over numa_nodes must pass the second as well.
+        if self.ram_per_numa_gib is not None and self.numa_nodes * self.ram_per_numa_gib > self.min_ram_gib:
+            raise ValueError(
+                f"numa_nodes x ram_per_numa_gib = {self.numa_nodes} x {self.ram_per_numa_gib:g} = "
+                f"{self.numa_nodes * self.ram_per_numa_gib:g} GiB is more than min_ram_gib {self.min_ram_gib:g}: "
+                "a host with min_ram_gib would pass the RAM check and fail the NUMA one. Fix: raise min_ram_gib to "
+                "the RAM the NUMA nodes need together, or lower ram_per_numa_gib")
+        return self
+
 
 class ImageSpec(Strict):
     """The engine container image: built from images/<arch>/Dockerfile as `repository:<derived tag>`.

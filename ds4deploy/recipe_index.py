@@ -71,7 +71,7 @@ def expected_decode(r: Recipe) -> str:
 
 # GPU recipes whose real `make deploy` `make test` rehearses on stand-in nodes (tests/rehearse: only the hardware
 # stood in; `make rehearse RECIPE=<name>` runs one).
-REHEARSED = frozenset()
+REHEARSED = frozenset({"gx10x2-ds4-flash-fp8", "rtx3090x2-xeon-ds4-flash", "v100x8-ds41-flash-iq2"})
 
 
 def status(r: Recipe) -> str:

@@ -3,6 +3,7 @@ machine's (tests/rehearse/nodes.py mounts them):
 
 - GPUs: gpus.json for the stand-in nvidia-smi, from captured real ``nvidia-smi --query-gpu`` output of the recipe's
   GPU model (tests/unit/fixtures/parsers, provenance in its SOURCES.md), one row per GPU of hardware.gpus.count;
+  the compute capability, which no GB10 or V100 capture here holds, from NVIDIA's published table (DATASHEET);
 - CPU and RAM: /proc/cpuinfo and /proc/meminfo with the recipe's minimum cores, flags and RAM (this machine's own
   first CPU entry, repeated; on an aarch64 recipe a ``Features`` line), and machine.json with its architecture;
 - NUMA: /sys/devices/system/node/node<i>/meminfo for a recipe with several NUMA nodes;
@@ -29,6 +30,14 @@ CAPTURES = {
     "NVIDIA GeForce RTX 3090": ["nvidia_smi-qwen36-rtx3090-identity.txt", "nvidia_smi-qwen36-rtx3090-clocks.txt"],
     "NVIDIA GB10": ["nvidia_smi-smart-city-gb10.txt"],
 }
+# Fields no capture of that model holds, from NVIDIA's published table instead: compute capability per GPU
+# (https://developer.nvidia.com/cuda-gpus; CUDA Programming Guide 5.1 "Compute Capabilities": V100 7.0, GB10 12.1),
+# printed as nvidia-smi prints compute_cap ("major.minor", as in the captured RTX 3090 rows: "8.6"). The preflight
+# compares it with the recipe's hardware.gpus.arch, so it must not be derived from the recipe.
+DATASHEET = {
+    "Tesla V100-SXM2-32GB": {"compute_cap": "7.0"},
+    "NVIDIA GB10": {"compute_cap": "12.1"},
+}
 UNIT = re.compile(r"^(?P<name>[^\[]+?)(?: \[(?P<unit>[^\]]+)\])?$")
 
 
@@ -41,7 +50,7 @@ def gpu_table(recipe: Recipe) -> dict:
         KeyError: no capture of the recipe's GPU model.
     """
     count = recipe.hardware.gpus.count
-    table: dict = {"count": count, "sources": CAPTURES[recipe.hardware.gpus.model], "fields": {}, "repeated": []}
+    table: dict = {"count": count, "sources": list(CAPTURES[recipe.hardware.gpus.model]), "fields": {}, "repeated": []}
     for name in table["sources"]:
         lines = [ln for ln in (PARSERS / name).read_text().splitlines() if ln.strip()]
         header = [UNIT.match(h.strip()).groupdict() for h in lines[0].split(", ")]
@@ -51,6 +60,10 @@ def gpu_table(recipe: Recipe) -> dict:
             rows += [rows[-1]] * (count - len(rows))
         for col, h in enumerate(header):
             table["fields"].setdefault(h["name"], {"unit": h["unit"], "values": [r[col] for r in rows[:count]]})
+    for name, value in DATASHEET.get(recipe.hardware.gpus.model, {}).items():
+        if name not in table["fields"]:
+            table["fields"][name] = {"unit": None, "values": [value] * count}
+            table["sources"].append(f"{name}: NVIDIA's compute capability table (no capture has it)")
     return table
 
 
@@ -83,11 +96,9 @@ def cpuinfo(recipe: Recipe) -> str:
 
 
 def ram_kib(recipe: Recipe) -> int:
-    """The stand-in's RAM (KiB): the larger of the recipe's minimum and its NUMA nodes times its RAM per NUMA node
-    (the memory_numa role checks each node's share against the latter), plus 5 %."""
-    hw = recipe.hardware
-    gib = max(hw.min_ram_gib, hw.numa_nodes * (hw.ram_per_numa_gib or 0))
-    return int(gib * 1.05 * 1024 * 1024)
+    """The stand-in's RAM (KiB): the recipe's minimum plus 5 %. Split over its NUMA nodes it also covers
+    hardware.ram_per_numa_gib, which the schema keeps within min_ram_gib / numa_nodes (ds4deploy.recipe.Hardware)."""
+    return int(recipe.hardware.min_ram_gib * 1.05 * 1024 * 1024)
 
 
 def meminfo(recipe: Recipe) -> str:

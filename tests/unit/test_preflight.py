@@ -192,9 +192,11 @@ def test_an_unlocked_artifact_fails_with_the_lock_command():
 
 
 def _pinned_sm86(**changes):
-    """The RTX 3090 recipe with one numactl-pinned instance per NUMA node (the layout it no longer uses)."""
+    """The RTX 3090 recipe with one numactl-pinned instance per NUMA node (the layout it no longer uses), on the
+    reference box it was sized for (768 GB: 4 NUMA nodes of 192 GB = 178.8 GiB, docs/sources.md#rtx3090-xeon)."""
     r = mutate(SM86, "instances", {"ram_gb_each": 170, "vram_gib_each": 6.15, "source": "per NUMA node"})
     data = r.model_dump(mode="python")
+    data["hardware"].update(min_ram_gib=716, ram_per_numa_gib=178.8)
     for path, value in changes.items():
         *keys, last = path.split("__")
         d = data

@@ -61,6 +61,19 @@ def test_exposed_port_without_api_key_is_refused(recipe_dir):
     assert "serving.auth.mode must be 'api_key'" in str(e.value)
 
 
+def test_ram_per_numa_node_beyond_the_minimum_ram_is_refused(recipe_dir):
+    # The rtx3090 recipe once asked 4 x 178.8 GiB per NUMA node of a 476 GiB host: a host at the minimum passed the
+    # RAM check and failed the NUMA one on the node.
+    write_variant(recipe_dir, "numa", lambda d: d["hardware"].update(min_ram_gib=476, numa_nodes=4,
+                                                                      ram_per_numa_gib=178.8))
+    with pytest.raises(UserError) as e:
+        load_recipe("numa")
+    assert "4 x 178.8 = 715.2 GiB is more than min_ram_gib 476" in str(e.value)
+    write_variant(recipe_dir, "numa", lambda d: d["hardware"].update(min_ram_gib=476, numa_nodes=4,
+                                                                      ram_per_numa_gib=119))
+    assert load_recipe("numa").hardware.ram_per_numa_gib == 119
+
+
 def test_exposed_port_with_api_key_is_allowed(recipe_dir):
     write_variant(recipe_dir, "lan", lambda d: d["serving"].update(bind_address="0.0.0.0"))
     assert load_recipe("lan").serving.auth.mode == "api_key"

@@ -17,7 +17,8 @@ ROLES = ANSIBLE / "roles"
 # Modules that cannot change a host (ansible.builtin documentation: each says it only reads or only reports;
 # gather_facts runs the fact modules, `setup` unless the inventory names others, which only report facts).
 READ_ONLY = {"ansible.builtin.assert", "ansible.builtin.fail", "ansible.builtin.debug", "ansible.builtin.ping",
-             "ansible.builtin.setup", "ansible.builtin.gather_facts", "ansible.builtin.stat", "ansible.builtin.slurp", "ansible.builtin.wait_for",
+             "ansible.builtin.setup", "ansible.builtin.gather_facts", "ansible.builtin.stat", "ansible.builtin.slurp",
+             "ansible.builtin.wait_for",
              "ansible.builtin.set_fact", "ds4_gid_index"}
 RUNS = {"ansible.builtin.command", "ansible.builtin.shell"}
 IMPORTS = {"ansible.builtin.import_role", "ansible.builtin.include_role", "ansible.builtin.import_tasks",

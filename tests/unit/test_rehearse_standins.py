@@ -77,6 +77,17 @@ def test_the_stand_in_nvidia_smi_answers_from_captures_only(tmp_path):
                                      "NVIDIA GeForce RTX 3090, 350.00 W"]
 
 
+def test_the_stand_in_nvidia_smi_answers_the_preflights_gpu_query(tmp_path):
+    # ansible/roles/preflight/tasks/gpu.yml's query: the RTX 3090's compute capability as captured, the GB10's and
+    # V100's from NVIDIA's table (no capture holds it), never from the recipe's arch, which the preflight checks.
+    query = ("--query-gpu=name,compute_cap", "--format=csv,noheader")
+    rtx = _smi(tmp_path, "rtx3090x2-xeon-ds4-flash", *query)
+    assert rtx.stdout.splitlines() == ["NVIDIA GeForce RTX 3090, 8.6"] * 2
+    assert _smi(tmp_path, "gx10x2-ds4-flash-fp8", *query).stdout.splitlines() == ["NVIDIA GB10, 12.1"]
+    assert _smi(tmp_path, "v100x8-ds41-flash-iq2", *query).stdout.splitlines() == ["Tesla V100-SXM2-32GB, 7.0"] * 8
+    assert hardware.CAPTURES["NVIDIA GB10"] == ["nvidia_smi-smart-city-gb10.txt"]  # the table did not grow it
+
+
 def test_the_gid_trees_follow_the_nodes_rail_addresses(tmp_path):
     rails = {"rail0": "10.100.184.2", "rail1": "10.100.185.2"}
     for moved, index in ((None, 3), (4, 4)):
