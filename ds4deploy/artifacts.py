@@ -306,6 +306,39 @@ def locked_build_args(recipe: Recipe) -> dict[str, str]:
     return {art.sha_arg: entry["sha256"] for art, entry in _locked_entries(recipe)}
 
 
+def check_obtainable(recipe: Recipe, wheel_dirs: list[Path]) -> None:
+    """The control-host check a deploy runs before any node is changed: every locked artifact is at hand (in the
+    cache or a wheel directory, as `locked_files` looks for it) or its locked URL answers. Nothing is downloaded or
+    hashed here; the build context hashes every file against the lock (`locked_files`).
+
+    Args:
+        recipe: the recipe.
+        wheel_dirs: wheel directories the build context searches (`ds4deploy.image.default_wheel_dirs`).
+
+    Raises:
+        UserError: no or inconsistent lock (`_locked_entries`); an artifact with no local copy whose URL cannot be
+            reached or answers with an error status (the URL and the reason named).
+    """
+    import httpx
+
+    for art, entry in _locked_entries(recipe):
+        local = [cached_path(entry["sha256"], art.file)] + [d / art.file for d in wheel_dirs]
+        if any(p.is_file() for p in local):
+            continue
+        try:
+            # GET, not HEAD (some release hosts refuse HEAD); only the status line is read.
+            with httpx.stream("GET", entry["url"], follow_redirects=True, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+                resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            reason = (f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError)
+                      else str(exc) or type(exc).__name__)
+            raise UserError(f"{art.name}: {entry['url']} (locked in {lock_path(recipe).name}) cannot be fetched: "
+                            f"{reason}; the image build needs it and no copy is in the cache or a wheel directory",
+                            f"copy {art.file} to this host and put it in the cache with `ds4deploy image lock "
+                            f"{recipe.base_name} --artifact {art.name}=PATH` (the lock then stays as it is when the "
+                            "file matches), or make the URL reachable (https_proxy is honoured)") from None
+
+
 def locked_files(recipe: Recipe, wheel_dirs: list[Path]) -> dict[str, Path]:
     """Every artifact of the recipe's image build as a local file whose sha256 matches the lock: from the cache,
     else a wheel directory, else downloaded from the locked URL into the cache.

@@ -189,3 +189,28 @@ def test_images_without_downloads_need_no_lock():
     assert [a.name for a in image_artifacts(load_recipe(SM86))] == ["LVLLMDS4X"]
     for name in ("cpu", "v100x8-ds41-flash-iq2", "gx10x2-ds4-flash-fp8"):
         assert image_artifacts(load_recipe(name)) == []
+
+
+def test_the_deploy_checks_a_locked_download_before_any_node_is_changed(sm86, served, tmp_path):
+    """`check_obtainable` (run by the deploy's control-host checks, ds4deploy.playvars.check_run): a locked artifact
+    with no local copy passes while its URL answers, and stops with the URL and the fix once it does not; a copy in
+    the cache passes without the network."""
+    from ds4deploy.artifacts import check_obtainable
+    from ds4deploy.errors import UserError
+
+    recipe_dir, url = sm86
+    base, root = served
+    url(base)
+    assert run_cli("image", "lock", SM86, env_dir=recipe_dir).returncode == 0
+    cache = tmp_path / "ds4-cache" / "artifacts"
+    shutil.rmtree(cache)
+    check_obtainable(load_recipe(SM86), [])  # no copy, the URL answers
+    (root / WHEEL).unlink()  # the release page lost the file: 404
+    with pytest.raises(UserError) as err:
+        check_obtainable(load_recipe(SM86), [])
+    assert f"{base}/{WHEEL} (locked in {SM86}.lock.json) cannot be fetched: HTTP 404" in err.value.cause
+    assert "--artifact LVLLMDS4X=PATH" in err.value.fix
+    site = tmp_path / "site-wheels"
+    site.mkdir()
+    (site / WHEEL).write_bytes(BYTES)
+    check_obtainable(load_recipe(SM86), [site])  # a local copy: no request at all
