@@ -168,21 +168,14 @@ def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, wor
     import sys
 
     from ds4deploy import hub
-    from ds4deploy.manifest import check_manifest, load_manifest, manifest_path
+    from ds4deploy.manifest import load_manifest
 
     if progress is None:
         progress = sys.stderr.isatty()
     resolved = hub.resolve_revision(recipe)
     if manifest is None:
         manifest = load_manifest(recipe)
-    check_manifest(manifest, manifest_path(recipe).name)
-    commit = pinned_commit(recipe, manifest)
-    if resolved != commit:
-        raise UserError(
-            f"the hub resolves {recipe.model.repo_id}@{recipe.model.revision} to commit {resolved}, but "
-            f"{manifest_path(recipe).name} was built for {commit}",
-            "pin the full 40-hex commit the manifest records in model.revision, or rebuild the manifest "
-            f"(delete it and run `ds4deploy model lock {recipe.base_name}`) after checking the new commit")
+    commit = _manifest_commit(recipe, manifest, resolved)
     dest = Path(os.path.abspath(dest))
     lock = fetch_lock_path(dest)
 
@@ -193,6 +186,46 @@ def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, wor
 
     with HolderLock(lock, refused, remove=True):
         return _fetch_locked(recipe, dest, manifest, commit, workers, progress)
+
+
+def _manifest_commit(recipe: Recipe, manifest: dict, resolved: str) -> str:
+    """The manifest's full commit, checked against what the hub resolves the recipe's pin to now (`resolved`).
+
+    Raises:
+        UserError: a malformed manifest, one built for another pin (`pinned_commit`), or a pin the hub now resolves
+            to another commit.
+    """
+    from ds4deploy.manifest import check_manifest, manifest_path
+
+    check_manifest(manifest, manifest_path(recipe).name)
+    commit = pinned_commit(recipe, manifest)
+    if resolved != commit:
+        raise UserError(
+            f"the hub resolves {recipe.model.repo_id}@{recipe.model.revision} to commit {resolved}, but "
+            f"{manifest_path(recipe).name} was built for {commit}",
+            "pin the full 40-hex commit the manifest records in model.revision, or rebuild the manifest "
+            f"(delete it and run `ds4deploy model lock {recipe.base_name}`) after checking the new commit")
+    return commit
+
+
+def check_hub_pin(recipe: Recipe) -> None:
+    """The control-host check of a hub model before any node is changed (`ds4deploy.playvars.check_run`, so the
+    deploy and `ds4deploy preflight` alike): the hub is reachable and resolves the recipe's pin, and, when a manifest
+    is committed, to the manifest's commit, whose every file the hub records with the manifest's size and digest
+    (metadata only, nothing downloaded). The model stage asks the hub the same (`fetch_model`), later.
+
+    Raises:
+        UserError: the hub is unreachable or does not know the pin (`ds4deploy.hub.resolve_revision`); the
+            manifest's commit or files disagree with the hub (`_manifest_commit`, `check_against_hub`).
+    """
+    from ds4deploy import hub
+    from ds4deploy.manifest import load_manifest, manifest_path
+
+    resolved = hub.resolve_revision(recipe)
+    if manifest_path(recipe).is_file():
+        manifest = load_manifest(recipe)
+        commit = _manifest_commit(recipe, manifest, resolved)
+        check_against_hub(recipe, commit, manifest["files"])
 
 
 def fetch_lock_path(dest: Path) -> Path:

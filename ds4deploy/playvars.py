@@ -12,8 +12,9 @@ What is checked depends on what the run does (`SCOPES`); `check_run` is the one 
   preflight rule passes (`ds4deploy.preflight`, which includes the rail-address rule, `rail_problems`), the GPU
   settings are possible per the datasheet, the model can be staged as the recipe says (`ds4deploy.staging.
   check_source`: a local model's manifest or MODEL_FROM), an air-gapped bundle matches (online: every locked
-  download of the image build is at hand or its URL answers, `ds4deploy.artifacts.check_obtainable`), and the
-  inventory fits the recipe's nodes (`ds4deploy.nodes.plan`);
+  download of the image build is at hand or its URL answers, `ds4deploy.artifacts.check_obtainable`, and a hub model's
+  pin resolves to the committed manifest's commit, whose files the hub records alike, `ds4deploy.fetch.
+  check_hub_pin`), and the inventory fits the recipe's nodes (`ds4deploy.nodes.plan`);
 - ``provision`` (provision.yml alone): the preflight rules and the GPU settings (provisioning starts no engine, so
   neither the render nor the node plan is needed);
 - ``operate`` (status.yml, down.yml, restart.yml): the node plan only; a stack already deployed can always be
@@ -200,11 +201,15 @@ def check_run(recipe: Recipe, hosts: dict[str, dict] | None, scope: str, invento
         from ds4deploy.bundle import verify
 
         verify(bundle, recipe)
-    elif scope == "deploy":  # online: the image build's downloads must be at hand or reachable
+    elif scope == "deploy":  # online: the image build's downloads and a hub model's pin, asked before any node
         from ds4deploy.artifacts import check_obtainable
         from ds4deploy.image import default_wheel_dirs
 
         check_obtainable(recipe, default_wheel_dirs())
+        if recipe.model.source == "hub":
+            from ds4deploy.fetch import check_hub_pin
+
+            check_hub_pin(recipe)
     if scope != "provision" and hosts is not None:
         plan(recipe, hosts)
     return rendered

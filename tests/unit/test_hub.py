@@ -564,6 +564,23 @@ def test_preflight_model_pin_follows_the_manifest(recipe_dir, tmp_path, model_fi
     # The preflight runs the deploy's control-host checks too: an unrendered recipe is refused by both.
     assert "compose/hubby/compose.yaml is missing" in run_cli("preflight", "hubby", env_dir=recipe_dir).stderr
     assert run_cli("render", "hubby", env_dir=recipe_dir).returncode == 0
+    with FakeHub(REPO_ID, SHA, model_files) as hub:
+        p = cli(recipe_dir, hub, tmp_path, "preflight", "hubby", "--width", "400")
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert SHA in p.stdout
+        # The hub is asked before any node is: the pin and every file's metadata, nothing downloaded.
+        assert [r for r in hub.requests if r[0] == "GET"] == []
+        # A committed manifest that disagrees with the hub: the preflight refuses it (the deploy's control-host
+        # checks are the same), with the file named, before the model stage would find it.
+        path = recipe_dir / "hubby.manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["files"]["model.safetensors"]["sha256"] = "0" * 64
+        path.write_text(json.dumps(manifest))
+        p = cli(recipe_dir, hub, tmp_path, "preflight", "hubby", "--width", "400")
+        assert p.returncode != 0 and "Traceback" not in p.stderr
+        assert f"hubby.manifest.json disagrees with the hub's metadata of {REPO_ID}@{SHA}" in p.stderr, p.stderr
+        assert "model.safetensors: sha256" in p.stderr
+    # No hub to ask: refused too (the model stage would be).
     p = run_cli("preflight", "hubby", "--width", "400", env_dir=recipe_dir)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert SHA in p.stdout
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert "could not reach the model hub for ds4/tiny-hub@9e165c30" in p.stderr, p.stderr

@@ -49,19 +49,28 @@ def test_reference_recipes_pass_preflight_but_for_the_owners_locks(name):
 
 
 @pytest.fixture
-def locked_gx10(recipe_dir):
-    """The GX10 recipe in a scratch recipes/ with a manifest recording its commit."""
+def locked_gx10(recipe_dir, tmp_path, monkeypatch):
+    """The GX10 recipe in a scratch recipes/ with a manifest recording its commit, and a local hub serving that
+    commit (tests/support/fakehub.py; HF_ENDPOINT points at it): the deploy's control-host checks ask the hub."""
+    import hashlib
     import json
     import shutil
 
+    from tests.support.fakehub import FakeHub
     from tests.unit.conftest import REPO
 
     shutil.copy(REPO / "recipes" / f"{GX10}.yaml", recipe_dir / f"{GX10}.yaml")
-    manifest = {"recipe": GX10, "source": "hub", "repo_id": load_recipe(GX10).model.repo_id,
-                "revision": load_recipe(GX10).model.revision,
-                "files": {"config.json": {"size": 3, "git_sha1": "a" * 40}}}
+    model = load_recipe(GX10).model
+    config = b"{}\n"
+    blob = hashlib.sha1(f"blob {len(config)}\0".encode() + config, usedforsecurity=False).hexdigest()
+    manifest = {"recipe": GX10, "source": "hub", "repo_id": model.repo_id, "revision": model.revision,
+                "files": {"config.json": {"size": len(config), "git_sha1": blob}}}
     (recipe_dir / f"{GX10}.manifest.json").write_text(json.dumps(manifest))
-    return recipe_dir
+    with FakeHub(model.repo_id, model.revision, {"config.json": config}) as hub:
+        for key, value in {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home"),
+                           "HF_HUB_DISABLE_XET": "1", "HF_HUB_DISABLE_TELEMETRY": "1"}.items():
+            monkeypatch.setenv(key, value)
+        yield recipe_dir
 
 
 # (rule, recipe that passes it, dotted path, value that must fail it)

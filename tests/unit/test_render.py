@@ -178,12 +178,18 @@ def test_multi_node_recipe_renders_head_and_headless_worker():
 PINNED = {"ram_gb_each": 170, "vram_gib_each": 6.15, "source": "one per NUMA node"}
 
 
+# A replica per NUMA node needs the reference box's RAM (768 GB: 192 GB = 178.8 GiB per node, docs/sources.md
+# #rtx3090-xeon), not the recipe's practical start of 128 GB per node.
+PINNED_RAM = {"ram_per_numa_gib": 178.8, "min_ram_gib": 716}
+
+
 def pinned_rtx():
     """The RTX 3090 recipe with one numactl-pinned replica per NUMA node (the layout it no longer uses: replicas that
     share the GPUs and start one after another)."""
     ref = load_recipe("rtx3090x2-xeon-ds4-flash")
     data = ref.model_dump(mode="python", exclude_unset=True)
     data["instances"] = PINNED
+    data["hardware"].update(PINNED_RAM)
     pinned = type(ref).model_validate(data)
     pinned._source = ref.source_path
     return pinned
@@ -267,6 +273,7 @@ def test_an_ordered_stack_with_a_restart_policy_is_refused(tmp_path):
     data = yaml.safe_load((REPO / "recipes" / "rtx3090x2-xeon-ds4-flash.yaml").read_text())
     path = tmp_path / "rtx3090x2-xeon-ds4-flash.yaml"
     data["instances"] = PINNED
+    data["hardware"].update(PINNED_RAM)
     data["container"]["restart"] = "unless-stopped"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(UserError) as exc:
