@@ -439,9 +439,14 @@ def cmd_incident_collect(ns: argparse.Namespace) -> int:
 
 def cmd_supervise(ns: argparse.Namespace) -> int:
     """Watch a deployed recipe and restart its node group in order on failure (see ds4deploy.supervise)."""
+    import signal
+
     from ds4deploy.recipe import load_recipe
     from ds4deploy.supervise import Journal, Policy, make_target, supervise
 
+    # Ctrl-C / SIGINT stops it even when started from a shell that ignores SIGINT for background jobs (POSIX sh
+    # does for `cmd &`; Python then installs no KeyboardInterrupt handler and the supervisor could not be stopped).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     recipe = load_recipe(ns.recipe)
     policy = Policy(interval_s=ns.interval, failures_to_restart=ns.failures, probe_every_s=ns.probe_every,
                     probe_timeout_s=ns.probe_timeout, max_restarts=ns.max_restarts, window_s=ns.window,
