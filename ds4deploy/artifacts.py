@@ -140,6 +140,15 @@ def _sha256(path: Path) -> str:
     return hash_path(path, "sha256")
 
 
+def _http_reason(exc: Exception) -> str:
+    """Why an httpx request failed, for a message: ``HTTP <status>`` or the transport error's text."""
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return str(exc) or type(exc).__name__
+
+
 def _download(url: str, into: Path, name: str) -> str:
     """Download `url` to `into` (via a temporary file in the same directory), hashing while it streams; `name` is
     the artifact's name, for the fix.
@@ -163,8 +172,7 @@ def _download(url: str, into: Path, name: str) -> str:
                 out.write(chunk)
         os.replace(tmp, into)
     except httpx.HTTPError as exc:
-        reason = (f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError)
-                  else str(exc) or type(exc).__name__)
+        reason = _http_reason(exc)
         raise UserError(f"could not download {url}: {reason}",
                         f"download it where the URL is reachable and pass the file with --artifact {name}=PATH (or a "
                         f"reachable mirror with --artifact {name}=URL; https_proxy is honoured)") from None
@@ -330,8 +338,7 @@ def check_obtainable(recipe: Recipe, wheel_dirs: list[Path]) -> None:
             with httpx.stream("GET", entry["url"], follow_redirects=True, timeout=DOWNLOAD_TIMEOUT_S) as resp:
                 resp.raise_for_status()
         except httpx.HTTPError as exc:
-            reason = (f"HTTP {exc.response.status_code}" if isinstance(exc, httpx.HTTPStatusError)
-                      else str(exc) or type(exc).__name__)
+            reason = _http_reason(exc)
             raise UserError(f"{art.name}: {entry['url']} (locked in {lock_path(recipe).name}) cannot be fetched: "
                             f"{reason}; the image build needs it and no copy is in the cache or a wheel directory",
                             f"copy {art.file} to this host and put it in the cache with `ds4deploy image lock "
