@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import httpx
 import pytest
@@ -128,8 +129,13 @@ def test_the_engine_publishes_no_port_of_its_own(host, front, engine_container, 
 def test_the_front_door_logs_no_key(host, front, front_door_container, api_key):
     url, _ = front
     httpx.get(f"{url}/v1/models", headers={"x-api-key": api_key}, timeout=30)
-    logs = host.run(f"docker logs {front_door_container['Id']}")
-    text = logs.stdout + logs.stderr
+    deadline = time.monotonic() + 10  # the access log is flushed each second (front-door.conf.template)
+    while True:
+        logs = host.run(f"docker logs {front_door_container['Id']}")
+        text = logs.stdout + logs.stderr
+        if '"path":"/v1/models"' in text or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
     assert '"path":"/v1/models"' in text
     assert api_key not in text, "API key found in the front door's logs"
     args = json.dumps(front_door_container["Config"]["Cmd"]) + json.dumps(front_door_container["Args"])

@@ -5,9 +5,11 @@ real engine is tests/infra/test_front_door.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
@@ -36,7 +38,7 @@ def _free_port() -> int:
 def keyed(conf: str, listen: str, upstream: str, tmp: Path) -> str:
     """The rendered template as the entrypoint makes it (the key substituted), moved to local test ports."""
     out = conf.replace("${VLLM_API_KEY}", KEY).replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
-    out = out.replace("access_log /dev/stdout ds4;", f"access_log {tmp}/access.log ds4;")
+    out = out.replace("access_log /dev/stdout ds4 ", f"access_log {tmp}/access.log ds4 ")
     out = out.replace("error_log stderr warn;", f"error_log {tmp}/error.log warn;")
     for d in ("client_body", "proxy"):
         out = out.replace("http {", f"http {{\n    {d}_temp_path {tmp}/{d};", 1)
@@ -80,10 +82,10 @@ class Echo(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture(scope="module")
-def proxy(tmp_path_factory):
-    """nginx with the cpu recipe's rendered front door in front of `Echo`; yields (base URL, log directory)."""
-    tmp = tmp_path_factory.mktemp("front-door")
+@contextlib.contextmanager
+def running_proxy(tmp: Path):
+    """nginx with the cpu recipe's rendered front door in front of `Echo`, logging into `tmp`; yields (base URL,
+    nginx's process). Stopped with SIGTERM at the end unless the caller stopped it."""
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = _free_port()
@@ -99,11 +101,32 @@ def proxy(tmp_path_factory):
                 break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        yield url, tmp
+        yield url, proc
     finally:
-        proc.terminate()
+        if proc.poll() is None:
+            proc.terminate()
         proc.wait(timeout=10)
         upstream.shutdown()
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    """`running_proxy` for the module; yields (base URL, log directory)."""
+    tmp = tmp_path_factory.mktemp("front-door")
+    with running_proxy(tmp) as (url, _):
+        yield url, tmp
+
+
+def access_lines(tmp: Path, n: int, timeout_s: float = 5.0) -> list[dict]:
+    """The access log's JSON lines once it holds at least `n` of them (the config buffers it, flushing each second);
+    all it holds after `timeout_s` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        log = tmp / "access.log"
+        lines = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.1)
 
 
 @needs_nginx
@@ -199,11 +222,25 @@ def test_logs_hold_no_key_and_no_body(proxy):
     body_text = "body-text-that-must-not-be-logged"
     httpx.post(f"{url}/v1/chat/completions?api_key={KEY}", json={"x": body_text}, headers={"x-api-key": KEY})
     httpx.post(f"{url}/v1/chat/completions", json={"x": body_text}, headers={"Authorization": f"Bearer {KEY}x"})
-    time.sleep(0.2)
+    deadline = time.monotonic() + 5
+    while {x["status"] for x in access_lines(tmp, 0, 0) if x["path"] == "/v1/chat/completions"} < {200, 401}:
+        assert time.monotonic() < deadline, "the two requests were not logged within the 1 s flush interval"
+        time.sleep(0.1)
     logs = (tmp / "access.log").read_text() + (tmp / "error.log").read_text()
-    lines = [json.loads(x) for x in (tmp / "access.log").read_text().splitlines()]
-    assert {x["status"] for x in lines if x["path"] == "/v1/chat/completions"} >= {200, 401}
     assert KEY not in logs and body_text not in logs
+
+
+@needs_nginx
+def test_a_graceful_stop_writes_out_the_buffered_log(tmp_path):
+    """The access log is buffered (flushed each second); stopped with the image's stop signal (SIGQUIT) at once
+    after a request, nginx still writes that request's line, so `docker stop` loses no evidence."""
+    with running_proxy(tmp_path) as (url, proc):
+        n = len(access_lines(tmp_path, 1))  # the readiness probe's line, once flushed
+        httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}, timeout=10)
+        assert len(access_lines(tmp_path, n + 1, timeout_s=0)) == n, "the line was not buffered"
+        proc.send_signal(signal.SIGQUIT)
+        proc.wait(timeout=10)
+        assert [x["path"] for x in access_lines(tmp_path, n + 1, timeout_s=0)][n:] == ["/v1/models"]
 
 
 @pytest.mark.parametrize("status", sorted(front_door.ERRORS))

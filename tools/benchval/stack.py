@@ -21,7 +21,8 @@ running stack as it is and keeps the last deploy timings with their date.
 
 Then the front door's own cost (recipes with ``serving.front_door``): the same requests through the front door
 and straight to the engine behind it (its address on the compose network, or its loopback port on host
-networking), interleaved the same way; both sides are the one running engine, so nothing is frozen.
+networking), interleaved the same way, with TTFT from many one-token requests sent alternately to the two sides
+(see `front_door_cost`); both sides are the one running engine, so nothing is frozen.
 
 Results go to ``docs/benchmarks.md`` (sections replaced between markers) and raw JSON to
 ``docs/bench-stack.json`` and ``docs/bench-front-door.json``.
@@ -172,20 +173,41 @@ def engine_url(recipe) -> str:
     return f"http://{next(iter(nets.values()))['IPAddress']}:{recipe.engine_port}"
 
 
+# One-token requests per side and repeat for the front door's TTFT: its cost is a fraction of a millisecond, and 8
+# samples of a 15 ms TTFT on a 2-core host put the median of one run 1-2 ms either way (measured 2026-12-01: two runs of
+# 20 repeats with 8 samples each gave paired differences of 0.13 and 0.58 ms for the same config).
+FRONT_DOOR_TTFT_SAMPLES = 64
+
+
 def front_door_cost(recipe, key: str | None, repeats: int, requests: int, max_tokens: int) -> dict:
-    """Interleaved runs through the front door and straight to the engine; per-run medians as in `measure`.
-    Returns the figures, medians over runs and the ratios (output tok/s door/engine, TTFT engine/door)."""
+    """Interleaved runs through the front door and straight to the engine, both the one running engine.
+
+    Per repeat: `requests` long requests per side, the side order alternating by repeat (output tok/s, as in
+    `measure`), then `FRONT_DOOR_TTFT_SAMPLES` one-token requests per side sent alternately door, engine, door, ...
+    (the first side alternating by repeat), so drift on the host within the repeat hits both sides alike. Per-run
+    medians, then the median over runs.
+
+    Returns the figures, medians over runs and the ratios (output tok/s door/engine, TTFT engine/door).
+    """
     door = base_url(recipe.serving.bind_address, recipe.serving.port)
     engine = engine_url(recipe)
+    model = recipe.model.served_name
+    clients = {side: openai.OpenAI(base_url=f"{url}/v1", api_key=key or "unused", timeout=300, max_retries=0)
+               for side, url in (("front door", door), ("engine", engine))}
     runs: list[dict] = []
     for rep in range(-1, repeats):  # repeat -1 warms both paths (connections, first requests), not kept
-        order = [("front door", door), ("engine", engine)]
-        if rep % 2:
-            order.reverse()
-        for side, url in order:
-            r = measure(url, key, recipe.model.served_name, requests if rep >= 0 else 2, max_tokens)
-            if rep < 0:
-                continue
+        order = ["front door", "engine"] if rep % 2 else ["engine", "front door"]
+        n_long, n_first = (requests, FRONT_DOOR_TTFT_SAMPLES) if rep >= 0 else (2, 2)
+        rows = {side: {"output_tok_s": statistics.median(one_request(clients[side], model, max_tokens)["output_tok_s"]
+                                                         for _ in range(n_long))} for side in order}
+        ttft: dict[str, list[float]] = {side: [] for side in order}
+        for _ in range(n_first):
+            for side in order:
+                ttft[side].append(one_request(clients[side], model, 1)["ttft_s"])
+        if rep < 0:
+            continue
+        for side in order:
+            r = rows[side] | {"ttft_s": statistics.median(ttft[side]), "requests": n_long, "ttft_requests": n_first}
             runs.append({"side": side, "repeat": rep, **r})
             print(f"repeat {rep} {side:10s} ttft {r['ttft_s'] * 1000:7.1f} ms  output {r['output_tok_s']:7.1f} tok/s",
                   flush=True)
@@ -198,12 +220,29 @@ def front_door_cost(recipe, key: str | None, repeats: int, requests: int, max_to
 
     res = {"recipe": recipe.name, "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
            "host": f"{platform.machine()}, {os.cpu_count()} cores, {platform.python_version()}",
-           "max_tokens": max_tokens, "requests_per_run": requests, "repeats": repeats, "runs": runs,
-           "network_mode": recipe.serving.network_mode,
+           "max_tokens": max_tokens, "requests_per_run": requests, "ttft_requests_per_run": FRONT_DOOR_TTFT_SAMPLES,
+           "repeats": repeats, "runs": runs, "network_mode": recipe.serving.network_mode,
            "front_door": side("front door"), "engine": side("engine")}
     res["output_ratio"] = res["front_door"]["output_tok_s"] / res["engine"]["output_tok_s"]
     res["ttft_ratio"] = res["engine"]["ttft_s"] / res["front_door"]["ttft_s"]
+    res |= added_ttft(runs)
     return res
+
+
+def added_ttft(runs: list[dict]) -> dict:
+    """The TTFT the front door adds, from the runs of `front_door_cost`: per repeat, the door's median TTFT minus
+    the engine's (both from the same alternated one-token requests), then the median and range over repeats.
+
+    The paired difference cancels what drifts between repeats (the host's load moves both sides' TTFT by more than
+    the front door costs), which the ratio of the two sides' medians over runs does not.
+
+    Returns {"ttft_added_s": median seconds, "ttft_added_s_range": [min, max] seconds}.
+    """
+    by_rep: dict[int, dict[str, float]] = {}
+    for r in runs:
+        by_rep.setdefault(r["repeat"], {})[r["side"]] = r["ttft_s"]
+    diffs = [d["front door"] - d["engine"] for d in by_rep.values()]
+    return {"ttft_added_s": statistics.median(diffs), "ttft_added_s_range": [min(diffs), max(diffs)]}
 
 
 def write_front_door_report(res: dict, md_path: Path) -> None:
@@ -216,8 +255,8 @@ def write_front_door_report(res: dict, md_path: Path) -> None:
         "",
         f"Recipe `{res['recipe']}`, {res['date']}, host {res['host']}. {res['repeats']} interleaved repeats x "
         f"{res['requests_per_run']} streamed greedy requests of {res['max_tokens']} output tokens (ignore_eos) for "
-        f"output tok/s, and {res['requests_per_run']} one-token requests for TTFT, against the one running engine: "
-        "through the front door (nginx, key check"
+        f"output tok/s, and {res['ttft_requests_per_run']} one-token requests for TTFT sent alternately to both "
+        "sides, against the one running engine: through the front door (nginx, key check"
         f"{', on host networking' if res.get('network_mode') == 'host' else ', published port'}) and straight to "
         "the engine's own address behind it. Per-run medians, then the median over runs. Target: ratio >= 0.98.",
         "",
@@ -227,6 +266,10 @@ def write_front_door_report(res: dict, md_path: Path) -> None:
         f"{en['output_tok_s']:.1f} ({_rng(en['output_tok_s_range'])}) | {res['output_ratio']:.3f} (door/engine) |",
         f"| TTFT ms, median (min-max of runs) | {fd['ttft_s'] * 1000:.1f} ({_rng(fd['ttft_s_range'], 1000)}) | "
         f"{en['ttft_s'] * 1000:.1f} ({_rng(en['ttft_s_range'], 1000)}) | {res['ttft_ratio']:.3f} (engine/door) |",
+        "",
+        f"TTFT the front door adds, door minus engine per repeat: median {res['ttft_added_s'] * 1000:.2f} ms "
+        f"(range over repeats {res['ttft_added_s_range'][0] * 1000:.2f} to {res['ttft_added_s_range'][1] * 1000:.2f} "
+        "ms).",
         "",
         "Raw per-run numbers: `docs/bench-front-door.json`.",
         FD_END,
