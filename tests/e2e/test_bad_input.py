@@ -137,3 +137,14 @@ def test_engine_port_clashing_with_the_front_door_is_refused(scratch):
     p = scratch.deploy(name)
     _assert_clean_failure(p, f"ds4-{name}", "port 8093 is used twice on one host")
     assert "PLAY [" not in p.stdout
+
+
+def test_a_hand_edited_front_door_config_that_does_not_parse_is_refused(scratch):
+    """The committed front door config is derived from the recipe: edited by hand (here into one nginx refuses),
+    the deploy names the file and the fix before any container exists."""
+    name = scratch.variant("e2e-fdedit", lambda d: None)
+    conf = scratch.compose / name / "front-door.conf.template"
+    conf.write_text(conf.read_text().replace("keepalive 16;", "keepalive sixteen"))
+    p = scratch.deploy(name)
+    _assert_clean_failure(p, f"ds4-{name}", "front-door.conf.template differs from the recipe",
+                          "fix: run `ds4deploy render`")
