@@ -139,7 +139,7 @@ def test_engine_port_clashing_with_the_front_door_is_refused(scratch):
     assert "PLAY [" not in p.stdout
 
 
-def test_a_hand_edited_front_door_config_that_does_not_parse_is_refused(scratch):
+def test_a_hand_edited_front_door_config_is_refused_as_stale(scratch):
     """The committed front door config is derived from the recipe: edited by hand (here into one nginx refuses),
     the deploy names the file and the fix before any container exists."""
     name = scratch.variant("e2e-fdedit", lambda d: None)
