@@ -205,7 +205,7 @@ test-hosts: venv
 # replaced by a stand-in that checks what it gets against the render. Stand-in engines are built FROM the cpu
 # recipe's engine image (`make deploy RECIPE=cpu` builds it). DS4_REHEARSE_KEEP_IMAGES=1 keeps the nodes' Docker
 # data (/var/lib/ds4-rehearse) for the next run.
-# Without RECIPE: every recipe of ds4deploy.recipe_index.REHEARSED (its index row says "rehearsed here").
+# Without RECIPE: every recipe of ds4deploy.render.index.REHEARSED (its index row says "rehearsed here").
 rehearse: venv
 	@command -v netplan >/dev/null && command -v ping >/dev/null && command -v numactl >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \

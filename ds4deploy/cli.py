@@ -13,8 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from ds4deploy.errors import UserError
-from ds4deploy.inventory import read_inventory
+from ds4deploy.core.errors import UserError
+from ds4deploy.plan.inventory import read_inventory
 
 
 def cmd_recipe_validate(ns: argparse.Namespace) -> int:
@@ -33,8 +33,10 @@ def _load_all(names: list[str]):
     Raises:
         UserError: one or more recipes are refused; the message lists every one, each with its cause and fix.
     """
-    from ds4deploy import render
-    from ds4deploy.recipe import RECIPES_DIR, VARIANT_SEP, load_recipe
+    from ds4deploy.recipe.load import load_recipe
+    from ds4deploy.recipe.paths import RECIPES_DIR
+    from ds4deploy.recipe.schema import VARIANT_SEP
+    from ds4deploy.render import compose as render
 
     if names:
         wanted = list(names)
@@ -61,7 +63,7 @@ def _load_all(names: list[str]):
 
 def cmd_recipe_index(ns: argparse.Namespace) -> int:
     """Write recipes/README.md from the recipes, or with --check fail (exit 1) when the committed one is stale."""
-    from ds4deploy.recipe_index import write_or_check
+    from ds4deploy.render.index import write_or_check
 
     print(write_or_check(ns.check))
     return 0
@@ -70,7 +72,7 @@ def cmd_recipe_index(ns: argparse.Namespace) -> int:
 def cmd_render(ns: argparse.Namespace) -> int:
     """Render recipes into compose/<name>/ all or nothing, or with --check report stale, missing and orphaned
     renders and run the real `docker compose config` on every committed compose file."""
-    from ds4deploy import render
+    from ds4deploy.render import compose as render
 
     loaded = _load_all(ns.recipes)
     if not ns.check:
@@ -98,8 +100,8 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
 def cmd_model_generate(ns: argparse.Namespace) -> int:
     """Generate a 'generated' recipe's checkpoint; prints {"changed", "files", "dest"}."""
-    from ds4deploy.recipe import load_recipe
-    from ds4deploy.tinymodel import generate, generator_spec
+    from ds4deploy.model.tiny import generate, generator_spec
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     dest = Path(ns.dest or recipe.model.path)
@@ -111,7 +113,7 @@ def cmd_model_generate(ns: argparse.Namespace) -> int:
 def cmd_model_manifest(ns: argparse.Namespace) -> int:
     """Print the model manifest built from the model's own source (generator, hub metadata, or --from for a local
     model); ``--write`` records it as `ds4deploy model lock` does."""
-    from ds4deploy.model_lock import build_manifest
+    from ds4deploy.model.lock import build_manifest
 
     if ns.write:
         return cmd_model_lock(ns)
@@ -123,7 +125,7 @@ def cmd_model_manifest(ns: argparse.Namespace) -> int:
 def cmd_model_lock(ns: argparse.Namespace) -> int:
     """Build the model manifest from its source and write recipes/<name>.manifest.json (to commit); a committed
     manifest that agrees is kept, one that disagrees stops (exit 1) naming each difference."""
-    from ds4deploy.model_lock import lock_model
+    from ds4deploy.model.lock import lock_model
 
     recipe = _load(ns.recipe)
     manifest, path, written = lock_model(recipe, _from(ns))
@@ -135,7 +137,7 @@ def cmd_model_lock(ns: argparse.Namespace) -> int:
 
 
 def _load(name: str):
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.recipe.load import load_recipe
 
     return load_recipe(name)
 
@@ -145,7 +147,7 @@ def _from(ns: argparse.Namespace) -> Path | None:
     src = getattr(ns, "from_path", None)
     if src is None:
         return None
-    from ds4deploy.staging import check_source
+    from ds4deploy.model.staging import check_source
 
     check_source(_load(ns.recipe), Path(src))
     return Path(src)
@@ -155,9 +157,9 @@ def cmd_model_verify(ns: argparse.Namespace) -> int:
     """Check a model directory against the committed manifest, in parallel, with a progress bar and a per-file table
     (stdout; ``--json`` prints one JSON object instead). Unchanged files verified before are taken from the sidecar
     (size, mtime, ctime, inode); ``--full`` re-hashes everything. Exit 1 naming each differing file."""
-    from ds4deploy.manifest import load_manifest, manifest_path
-    from ds4deploy.recipe import load_recipe
-    from ds4deploy.verify import byte_progress, results_table, verify_model
+    from ds4deploy.model.manifest import load_manifest, manifest_path
+    from ds4deploy.model.verify import byte_progress, results_table, verify_model
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     model_dir = Path(ns.dir or recipe.model.path)
@@ -195,8 +197,8 @@ def cmd_model_verify(ns: argparse.Namespace) -> int:
 def cmd_model_fetch(ns: argparse.Namespace) -> int:
     """Download a 'hub' recipe's pinned revision into --dest (default: model.path), placing only files whose hash
     matches the committed manifest; prints {"dest", "commit", "fetched", "present"}."""
-    from ds4deploy.fetch import fetch_model
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.model.fetch import fetch_model
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     if recipe.model.source != "hub":
@@ -214,12 +216,12 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
     ``{"changed", "dest", "copy_from", "sha256": {file: hex}, "manifest_written"}``.
 
     generated/hub: generate or fetch into --dest and verify it against the manifest; with no committed manifest,
-    lock it first (`ds4deploy.model_lock`) and say on stderr where it was written. local: with --from, verify those
+    lock it first (`ds4deploy.model.lock`) and say on stderr where it was written. local: with --from, verify those
     files against the manifest (lock it from them first when none is committed) and name them in ``copy_from``;
     without --from the files are already on each node (``copy_from`` null) and only the nodes' copies are checked.
     """
-    from ds4deploy.manifest import load_manifest, manifest_path
-    from ds4deploy.model_lock import lock_model
+    from ds4deploy.model.lock import lock_model
+    from ds4deploy.model.manifest import load_manifest, manifest_path
 
     recipe = _load(ns.recipe)
     src = _from(ns)
@@ -236,7 +238,7 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
     if recipe.model.source == "local":  # staging.stage covers generated and hub models
         print(json.dumps({"changed": False, **_local_copy(recipe, manifest, src), "manifest_written": written}))
         return 0
-    from ds4deploy.staging import stage
+    from ds4deploy.model.staging import stage
 
     out = stage(recipe, Path(ns.dest))
     print(json.dumps({**out, "copy_from": out["dest"], "manifest_written": written}))
@@ -251,10 +253,10 @@ def _local_copy(recipe, manifest: dict, src: Path | None) -> dict:
         UserError: a manifest entry without sha256 (code 2); files under --from that differ from the manifest
             (code 1, each named).
     """
-    from ds4deploy.manifest import manifest_path
-    from ds4deploy.model_lock import local_files
-    from ds4deploy.staging import local_sha256
-    from ds4deploy.verify import byte_progress, verify_model
+    from ds4deploy.model.lock import local_files
+    from ds4deploy.model.manifest import manifest_path
+    from ds4deploy.model.staging import local_sha256
+    from ds4deploy.model.verify import byte_progress, verify_model
 
     name = manifest_path(recipe).name
     sha = local_sha256(recipe, manifest)
@@ -273,8 +275,8 @@ def _local_copy(recipe, manifest: dict, src: Path | None) -> dict:
 
 def cmd_image_context(ns: argparse.Namespace) -> int:
     """Prepare an image build context; prints {"changed", "context", "image", "sha256", "local_base"}."""
-    from ds4deploy.image import LOCAL_BASE_IMAGE, build_args, context_digest, prepare_context
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.build.image import LOCAL_BASE_IMAGE, build_args, context_digest, prepare_context
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     wheel_dirs = [Path(p) for p in ns.wheelhouse] if ns.wheelhouse else None
@@ -289,7 +291,7 @@ def cmd_image_context(ns: argparse.Namespace) -> int:
 def cmd_image_lock(ns: argparse.Namespace) -> int:
     """Resolve every artifact the recipe's image build downloads (default URL, or --artifact NAME=URL|PATH), hash
     it and write recipes/<name>.lock.json; a committed lock that disagrees stops (exit 1) naming both digests."""
-    from ds4deploy.artifacts import image_artifacts, lock_image, parse_sources
+    from ds4deploy.build.artifacts import image_artifacts, lock_image, parse_sources
 
     recipe = _load(ns.recipe)
     lock, path, written = lock_image(recipe, parse_sources(ns.artifact or [], image_artifacts(recipe)))
@@ -323,13 +325,13 @@ def cmd_preflight(ns: argparse.Namespace) -> int:
     rule or a node check fails (unknown verdicts are shown, not fatal), 2 when the recipe cannot be deployed as it is
     (the deploy's own message).
 
-    With --inventory the deploy's control-host checks (`ds4deploy.playvars.check_run`, the node plan included) run,
-    then ansible/preflight.yml reads every node (`ds4deploy.nodes_preflight`), unless --no-nodes; without one, the
+    With --inventory the deploy's control-host checks (`ds4deploy.plan.playvars.check_run`, the node plan included) run,
+    then ansible/preflight.yml reads every node (`ds4deploy.operate.node_checks`), unless --no-nodes; without one, the
     checks that need no inventory run and the output says the nodes were not read.
     """
-    from ds4deploy import preflight
-    from ds4deploy.playvars import check_run, write_play_vars
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.plan import preflight
+    from ds4deploy.plan.playvars import check_run, write_play_vars
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     hosts = read_inventory(ns.inventory).hosts if ns.inventory else None
@@ -345,7 +347,7 @@ def cmd_preflight(ns: argparse.Namespace) -> int:
               + ("--no-nodes" if hosts is not None else "pass --inventory: the deploy reads every node's CPU, RAM, "
                  "GPUs, disk and ports before it changes one") + ")")
         return 0
-    from ds4deploy.nodes_preflight import read_nodes
+    from ds4deploy.operate.node_checks import read_nodes
 
     path = write_play_vars(recipe, hosts, "deploy", ns.inventory, bundle, model_from=model_from)
     print("control-host checks of the deploy passed; reading every node (ansible/preflight.yml, changes nothing)")
@@ -354,7 +356,7 @@ def cmd_preflight(ns: argparse.Namespace) -> int:
 
 def cmd_summary(ns: argparse.Namespace) -> int:
     """Print the post-deploy summary (URL, model, key location)."""
-    from ds4deploy.summary import summary
+    from ds4deploy.operate.summary import summary
 
     print(summary(ns.recipe))
     return 0
@@ -362,24 +364,24 @@ def cmd_summary(ns: argparse.Namespace) -> int:
 
 def cmd_status(ns: argparse.Namespace) -> int:
     """Print every node's containers, /health and (--logs N) engine log lines as docker printed them."""
-    from ds4deploy.status import status
+    from ds4deploy.operate.status import status
 
     return status(ns.recipe, ns.inventory, ns.logs, ns.verbose)
 
 
 def cmd_engine_venv(ns: argparse.Namespace) -> int:
     """Create .cache/engine-venv with the CPU engine's pins (vLLM's argument parser for the tests, bare bench)."""
-    from ds4deploy.engine_venv import ensure_engine_venv
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.build.engine_venv import ensure_engine_venv
+    from ds4deploy.recipe.load import load_recipe
 
     print(ensure_engine_venv(load_recipe(ns.recipe)))
     return 0
 
 
 def cmd_bundle_create(ns: argparse.Namespace) -> int:
-    """Write an air-gapped bundle for a recipe (see ds4deploy.bundle); prints its bundle.json summary."""
-    from ds4deploy.bundle import create
-    from ds4deploy.recipe import load_recipe
+    """Write an air-gapped bundle for a recipe (see ds4deploy.plan.bundle); prints its bundle.json summary."""
+    from ds4deploy.plan.bundle import create
+    from ds4deploy.recipe.load import load_recipe
 
     meta = create(load_recipe(ns.recipe), Path(ns.dest))
     size = sum(f["size"] for f in meta["files"].values())
@@ -391,8 +393,8 @@ def cmd_bundle_create(ns: argparse.Namespace) -> int:
 
 def cmd_bundle_verify(ns: argparse.Namespace) -> int:
     """Check a bundle against this checkout's recipe and its own file hashes; exit 1 naming damaged files."""
-    from ds4deploy.bundle import verify
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.plan.bundle import verify
+    from ds4deploy.recipe.load import load_recipe
 
     meta = verify(Path(ns.bundle), load_recipe(ns.recipe))
     print(json.dumps({"verified": len(meta["files"]), "images": meta["images"], "collections": meta["collections"]}))
@@ -400,11 +402,11 @@ def cmd_bundle_verify(ns: argparse.Namespace) -> int:
 
 
 def cmd_bundle_stage_model(ns: argparse.Namespace) -> int:
-    """Stage the model from a bundle (the offline `model stage`, `ds4deploy.staging.stage`); prints the same
+    """Stage the model from a bundle (the offline `model stage`, `ds4deploy.model.staging.stage`); prints the same
     {"changed", "dest", "copy_from", "sha256", "manifest_written"} as `model stage`."""
-    from ds4deploy.bundle import load_meta
-    from ds4deploy.recipe import load_recipe
-    from ds4deploy.staging import stage
+    from ds4deploy.model.staging import stage
+    from ds4deploy.plan.bundle import load_meta
+    from ds4deploy.recipe.load import load_recipe
 
     bundle = Path(ns.bundle)
     src = bundle / load_meta(bundle)["model"]["dir"]
@@ -415,8 +417,8 @@ def cmd_bundle_stage_model(ns: argparse.Namespace) -> int:
 
 def cmd_nodes_plan(ns: argparse.Namespace) -> int:
     """Validate an inventory against a recipe's nodes; print {host: {rank, role, host_ip, master_addr, ...}}."""
-    from ds4deploy.nodes import as_facts, plan_from_inventory
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.plan.nodes import as_facts, plan_from_inventory
+    from ds4deploy.recipe.load import load_recipe
 
     print(json.dumps(as_facts(plan_from_inventory(load_recipe(ns.recipe), Path(ns.inventory)))))
     return 0
@@ -424,11 +426,11 @@ def cmd_nodes_plan(ns: argparse.Namespace) -> int:
 
 def cmd_incident_collect(ns: argparse.Namespace) -> int:
     """Save every node's engine logs and container states into an incident folder before a stop; print its JSON
-    (dir, earliest fatal line, message). See ds4deploy.incidents."""
-    from ds4deploy.incidents import collect
-    from ds4deploy.inventory import read_inventory
-    from ds4deploy.nodes import plan
-    from ds4deploy.recipe import load_recipe
+    (dir, earliest fatal line, message). See ds4deploy.operate.incidents."""
+    from ds4deploy.operate.incidents import collect
+    from ds4deploy.plan.inventory import read_inventory
+    from ds4deploy.plan.nodes import plan
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     hosts = read_inventory(Path(ns.inventory)).hosts
@@ -438,11 +440,11 @@ def cmd_incident_collect(ns: argparse.Namespace) -> int:
 
 
 def cmd_supervise(ns: argparse.Namespace) -> int:
-    """Watch a deployed recipe and restart its node group in order on failure (see ds4deploy.supervise)."""
+    """Watch a deployed recipe and restart its node group in order on failure (see ds4deploy.operate.supervisor)."""
     import signal
 
-    from ds4deploy.recipe import load_recipe
-    from ds4deploy.supervise import Journal, Policy, make_target, supervise
+    from ds4deploy.operate.supervisor import Journal, Policy, make_target, supervise
+    from ds4deploy.recipe.load import load_recipe
 
     # Ctrl-C / SIGINT stops it even when started from a shell that ignores SIGINT for background jobs (POSIX sh
     # does for `cmd &`; Python then installs no KeyboardInterrupt handler and the supervisor could not be stopped).
@@ -456,9 +458,9 @@ def cmd_supervise(ns: argparse.Namespace) -> int:
 
 
 def cmd_supervisor(ns: argparse.Namespace) -> int:
-    """Start, stop or show the recipe's supervisor service (see ds4deploy.supervisor_service)."""
-    from ds4deploy import supervisor_service as svc
-    from ds4deploy.recipe import load_recipe
+    """Start, stop or show the recipe's supervisor service (see ds4deploy.operate.service)."""
+    from ds4deploy.operate import service as svc
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     if ns.action == "start":
@@ -524,7 +526,7 @@ def cmd_check_run(ns: argparse.Namespace) -> int:
     """Host, rails and fabric checks against an inventory: one table per host; exit 0 all passed (skips allowed),
     1 a check failed, 2 a check could not run."""
     from ds4deploy.checks import report, runner
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     inventory = Path(ns.inventory)
@@ -541,10 +543,10 @@ def cmd_check_run(ns: argparse.Namespace) -> int:
 
 
 def cmd_vars(ns: argparse.Namespace) -> int:
-    """Validate the recipe and the inventory for a run (`ds4deploy.playvars`) and write every variable its plays
+    """Validate the recipe and the inventory for a run (`ds4deploy.plan.playvars`) and write every variable its plays
     read; prints the file's path (what ansible/nodes-plan.yml loads)."""
-    from ds4deploy.playvars import InputsRefused, write_play_vars
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.plan.playvars import InputsRefused, write_play_vars
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     hosts = read_inventory(ns.inventory).hosts

@@ -20,7 +20,7 @@ NVIDIA/nccl #1573). Such slots, and zero GIDs, are skipped - not fatal.
 
 This file is the one parser of GID tables. It runs in two places: on each node, inside the Ansible module
 ``ds4_gid_index`` (ansible/library/ds4_gid_index.py imports it as ``ansible.module_utils.ds4_gids``), and on the
-control host as `ds4deploy.parsers.gids` (a symlink to this file, re-exported with `ds4deploy.errors.UserError`).
+control host as `ds4deploy.parsers.gids` (a symlink to this file, re-exported with `ds4deploy.core.errors.UserError`).
 So it uses the Python standard library only and runs on the nodes' Python (3.8 or newer).
 """
 

@@ -45,7 +45,7 @@ from ds4deploy.bench.prompts import CONTENT_TYPES, TokenCounter, fit_context, lo
 from ds4deploy.bench.report import atomic_write_text
 from ds4deploy.bench.run import check_server, read_key
 from ds4deploy.bench.stream import RequestResult, StreamParser, error_text, feed_stream
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -70,8 +70,8 @@ def resolve_side(label: str, spec: str, key_file: str | None) -> Side:
     """
     if spec.startswith(("http://", "https://")):
         return Side(label, spec, spec.rstrip("/"), read_key(None, key_file) if key_file else None, None)
-    from ds4deploy.net import base_url
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.core.net import base_url
+    from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(spec)
     return Side(label, spec, base_url(recipe.serving.bind_address, recipe.serving.port).rstrip("/"),

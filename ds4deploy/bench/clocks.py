@@ -52,8 +52,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ds4deploy.bench.gpu import Nvml, Smi, open_gpu
 from ds4deploy.bench.report import atomic_write_text
-from ds4deploy.errors import UserError
-from ds4deploy.holder_lock import HolderLock
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.holder_lock import HolderLock
 
 # docs/sources.md#gx10-sweep-safety (cool each point below 70 C, stop the sweep above 84 C). Throttling started at
 # 82 C on that system, so 84 C is already past where the numbers stop meaning what the cap says.
@@ -315,7 +315,7 @@ def restore_gpu(backend: ClockBackend, j: Journal) -> list[str]:
 
 
 def sweep_lock(d: Path, refused: Callable[[str], UserError]) -> HolderLock:
-    """The host's clock-sweep flock, ``<d>/clock-sweep.lock`` (`ds4deploy.holder_lock.HolderLock`); `refused`
+    """The host's clock-sweep flock, ``<d>/clock-sweep.lock`` (`ds4deploy.core.holder_lock.HolderLock`); `refused`
     builds the error from the holder's description."""
     return HolderLock(d / "clock-sweep.lock", refused)
 

@@ -1,6 +1,6 @@
 """Each measured cell against the recipe's expected figures (``recipe.expected``).
 
-Two kinds of expectation (ds4deploy/recipe.py `Expected`):
+Two kinds of expectation (ds4deploy/recipe/schema.py `Expected`):
 
 - `table`: the reference system's published cells (docs/sources.md), each a value for one profile, prompt length,
   concurrency and (optionally) content type. A measured value within ``value x (1 +- tolerance)`` is "within",
@@ -18,7 +18,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import asdict, dataclass
 
-from ds4deploy.recipe import Expected
+from ds4deploy.recipe.schema import Expected
 
 METRICS = ("decode_tok_s", "aggregate_tok_s", "per_session_tok_s", "prefill_tok_s", "ttft_s")
 

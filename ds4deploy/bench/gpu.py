@@ -13,7 +13,7 @@ import subprocess
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.nvidia_smi import parse_query_gpu
 
 # What to try when a GPU setting is refused: the setters need root, and not every GPU supports every setting.

@@ -17,8 +17,8 @@ import re
 import tempfile
 from pathlib import Path
 
-from ds4deploy.errors import UserError
-from ds4deploy.holder_lock import HolderLock
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.holder_lock import HolderLock
 
 
 def lock_dir() -> Path:
@@ -33,7 +33,7 @@ def lock_path(base_url: str) -> Path:
 
 
 class ServerLock(HolderLock):
-    """Context manager holding the server's benchmark lock (`ds4deploy.holder_lock.HolderLock`).
+    """Context manager holding the server's benchmark lock (`ds4deploy.core.holder_lock.HolderLock`).
 
     Raises (on enter):
         UserError: another process holds the lock; the message names its pid, command and start time.

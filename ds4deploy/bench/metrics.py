@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 PREFIX = "vllm:"
 # Sample names (Prometheus counters carry the _total suffix in the text format).

@@ -16,9 +16,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from ds4deploy.bench.clocks import ClockSweep
 from ds4deploy.bench.prompts import CONTENT_TYPES
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import Recipe
-from ds4deploy.yamlio import parse_strict
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.yamlio import parse_strict
+from ds4deploy.recipe.schema import Recipe
 
 ContentType = Literal["code", "json", "legal", "prose", "chat"]
 

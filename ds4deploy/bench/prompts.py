@@ -25,7 +25,7 @@ from importlib import resources
 import httpx
 import yaml
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 CONTENT_TYPES = ("code", "json", "legal", "prose", "chat")
 

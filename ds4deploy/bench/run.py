@@ -51,10 +51,12 @@ from ds4deploy.bench.prompts import (
 )
 from ds4deploy.bench.report import atomic_write_text, markdown, write_cell
 from ds4deploy.bench.stream import error_text, open_session, run_closed_loop
-from ds4deploy.errors import UserError
-from ds4deploy.net import base_url
-from ds4deploy.recipe import REPO_ROOT, Recipe, load_recipe
-from ds4deploy.secrets import parse_env_file, read_api_key
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.net import base_url
+from ds4deploy.operate.key_file import parse_env_file, read_api_key
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.recipe.schema import Recipe
 
 # A cell is a cache hit when more than 1 % of its prompt tokens came from the prefix cache, beyond 32 tokens per
 # request: a chat template's fixed head before the salt may fill one or two KV blocks (16-token blocks on GPU

@@ -38,15 +38,16 @@ from pathlib import Path
 import httpx
 
 from ds4deploy.bench.aggregate import summarize
+from ds4deploy.bench.docs_section import write_section
 from ds4deploy.bench.lock import ServerLock
 from ds4deploy.bench.prompts import CONTENT_TYPES, TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.report import atomic_write_text
 from ds4deploy.bench.run import check_server, read_key
 from ds4deploy.bench.stream import RequestResult, open_session, stream_request
-from ds4deploy.docs_section import write_section
-from ds4deploy.errors import UserError
-from ds4deploy.net import base_url
-from ds4deploy.recipe import Recipe, load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.net import base_url
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.schema import Recipe
 
 # A rise the run can resolve: docker stats reports MiB with 3 significant digits, and an engine's usage moves by tens
 # of MiB as requests of different lengths come and go (measured on the cpu recipe: ~2.5 GiB resident, +-20 MiB).

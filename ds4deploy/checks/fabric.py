@@ -1,7 +1,7 @@
 """Fabric checks: RDMA links, the per-node RoCE v2 GID index, ib_write_bw between two nodes, nccl-tests.
 
 A host without ``/sys/class/infiniband/*`` reports every fabric row as "skipped: no RDMA device", never pass.
-Every host is checked on its own HCA names (`ds4deploy.node_fabric.node_rails`: the inventory may override the
+Every host is checked on its own HCA names (`ds4deploy.plan.node_fabric.node_rails`: the inventory may override the
 recipe's per node, e.g. one node cabled on the f0 port and its peer on f1).
 
 ib_write_bw (perftest) runs with the flags of docs/sources.md#rail-bandwidth: ``ib_write_bw -d <hca> -x <gid index> -F
@@ -27,13 +27,13 @@ from pathlib import Path
 
 from ds4deploy.checks.report import ERROR, FAIL, PASS, Row, skip
 from ds4deploy.checks.target import Target
-from ds4deploy.errors import UserError
-from ds4deploy.node_fabric import nccl_ib_hca, node_rails
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.gids import NO_RDMA, GidEntry, read_gid_table, roce_v2_gid_index
 from ds4deploy.parsers.ib_write_bw import parse_ib_write_bw
 from ds4deploy.parsers.nccl_tests import parse_nccl_tests
 from ds4deploy.parsers.rdma_link import parse_ibdev2netdev, parse_rdma_link_text
-from ds4deploy.recipe import Rail, Recipe
+from ds4deploy.plan.node_fabric import nccl_ib_hca, node_rails
+from ds4deploy.recipe.schema import Rail, Recipe
 
 SRC_BW = "recipe fabric.min_rail_gbit_s; docs/sources.md#gx10-degraded-link: 108.33 Gb/s per rail, 196.02 both"
 # The degraded ConnectX-7 band, Gb/s: NVIDIA/dgx-spark-playbooks PR #108 (check-connectx-bandwidth status 2).
@@ -264,7 +264,7 @@ def _stop_servers(server: Target, pidfiles: Iterable[str]) -> None:
 
 def run_ib_write_bw(server: Target, client: Target, jobs: list[tuple[str, int, str, str, int, int]]) -> list:
     """Run ib_write_bw pairs at once: each job (server hca, server gid, server address, client hca, client gid,
-    port); the two ends of a rail may have different HCA names (`ds4deploy.node_fabric`).
+    port); the two ends of a rail may have different HCA names (`ds4deploy.plan.node_fabric`).
 
     Returns:
         Per job, the parsed `IbWriteBwResult` or the `UserError`/text explaining why there is none.
@@ -302,7 +302,7 @@ def run_ib_write_bw(server: Target, client: Target, jobs: list[tuple[str, int, s
 def check_bandwidth(server: Target, server_vars: dict, client: Target, client_vars: dict,
                     recipe: Recipe) -> list[Row]:
     """ib_write_bw from `client` to `server`, per rail and then both rails at once (rows on the client's host), each
-    end on its own first HCA of the rail (`ds4deploy.node_fabric.node_rails`)."""
+    end on its own first HCA of the rail (`ds4deploy.plan.node_fabric.node_rails`)."""
     host = client.name
     if recipe.fabric is None:
         return [skip(host, "fabric.ib_write_bw", "no fabric", f"recipe {recipe.name} has no fabric section")]
@@ -368,7 +368,7 @@ def check_nccl(head: Target, hosts: dict[str, dict], recipe: Recipe) -> list[Row
         recipe: the recipe (its fabric).
 
     Runs with ``NCCL_TESTS_MIN_BW`` set to the expected bus bandwidth so nccl-tests itself fails a slow run, and
-    each host's own NCCL_IB_HCA (`ds4deploy.node_fabric.nccl_ib_hca`): one mpirun app context per host, whose
+    each host's own NCCL_IB_HCA (`ds4deploy.plan.node_fabric.nccl_ib_hca`): one mpirun app context per host, whose
     program is ``env NCCL_IB_HCA=... all_reduce_perf``, so each rank gets its node's names (Open MPI's MPMD form,
     ``mpirun <context> : <context>``, https://docs.open-mpi.org/en/main/man-openmpi/man1/mpirun.1.html).
     """

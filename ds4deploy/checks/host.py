@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import shlex
 
-from ds4deploy.checks.inputs import DRIVER_FOR_CUDA, version_tuple
 from ds4deploy.checks.report import ERROR, FAIL, PASS, Row, skip
 from ds4deploy.checks.target import Target
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.nvidia_smi import parse_query_gpu
-from ds4deploy.preflight import SRC_MEMLOCK, needs_unlimited_memlock
-from ds4deploy.recipe import Recipe
+from ds4deploy.plan.check_inputs import DRIVER_FOR_CUDA, version_tuple
+from ds4deploy.plan.preflight.field_reports import SRC_MEMLOCK, needs_unlimited_memlock
+from ds4deploy.recipe.schema import Recipe
 
 GPU_FIELDS = ["index", "name", "driver_version", "compute_cap", "persistence_mode", "power.limit",
               "power.max_limit", "clocks.max.graphics"]

@@ -15,7 +15,7 @@ Per rail (``rails.<what>.<rail>``):
 
 Host facts come from the inventory the preflight rules read: ``ds4_rails: {<rail>: {address: a.b.c.d}}``, with
 the host's own netdev names where it overrides the recipe's (``ds4_rails.<rail>.netdev``,
-`ds4deploy.node_fabric.node_rails`): each host is checked on its own netdevs.
+`ds4deploy.plan.node_fabric.node_rails`): each host is checked on its own netdevs.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import shlex
 
 from ds4deploy.checks.report import ERROR, FAIL, PASS, Row, skip
 from ds4deploy.checks.target import Target
-from ds4deploy.node_fabric import node_rails
-from ds4deploy.recipe import Rail, Recipe
+from ds4deploy.plan.node_fabric import node_rails
+from ds4deploy.recipe.schema import Rail, Recipe
 
 SRC_SUBNETS = "docs/sources.md#gx10-roce-checklist: rails on one subnet pin routing to one rail"
 SRC_MTU = "recipe fabric.rails[].mtu; docs/sources.md#rail-netplan, #jumbo-frames: DF ping of MTU-28 bytes"
@@ -79,7 +79,7 @@ def check_rails(target: Target, recipe: Recipe, hostvars: dict, peers: dict[str,
         Rows in rail order; a single skip row when the recipe has no fabric.
 
     Raises:
-        UserError: a host's rail name overrides are wrong (`ds4deploy.node_fabric.host_problems`).
+        UserError: a host's rail name overrides are wrong (`ds4deploy.plan.node_fabric.host_problems`).
     """
     host = target.name
     if recipe.fabric is None:

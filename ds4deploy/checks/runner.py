@@ -7,12 +7,12 @@ head) and each other one (client side).
 
 from __future__ import annotations
 
-from ds4deploy import node_fabric
 from ds4deploy.checks import fabric, host, rails
 from ds4deploy.checks.report import ERROR, PASS, Row
 from ds4deploy.checks.target import CONNECT_TIMEOUT_S, Target, target_for
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import Recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.plan import node_fabric
+from ds4deploy.recipe.schema import Recipe
 
 GROUPS = ("host", "rails", "fabric")
 
@@ -52,7 +52,7 @@ def run_checks(recipe: Recipe, hosts: dict[str, dict], groups: tuple[str, ...] =
 
     Args:
         recipe: the recipe whose expectations apply.
-        hosts: host name -> inventory variables (`ds4deploy.inventory.read_inventory`).
+        hosts: host name -> inventory variables (`ds4deploy.plan.inventory.read_inventory`).
         groups: any of ``host``, ``rails``, ``fabric``.
         targets: transports by host name (default: `target_for` each host).
 
@@ -60,7 +60,7 @@ def run_checks(recipe: Recipe, hosts: dict[str, dict], groups: tuple[str, ...] =
         Rows, host by host, in the order of `groups`.
 
     Raises:
-        UserError: an unknown group name, or wrong per-node rail names (`ds4deploy.node_fabric.check_hosts`).
+        UserError: an unknown group name, or wrong per-node rail names (`ds4deploy.plan.node_fabric.check_hosts`).
     """
     unknown = [g for g in groups if g not in GROUPS]
     if unknown:

@@ -26,7 +26,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 # The proxy's client session to the server, stored on the aiohttp application.
 SERVER_SESSION = web.AppKey("server_session", aiohttp.ClientSession)
@@ -230,8 +230,8 @@ def run_record(ns) -> int:
     Raises:
         UserError: no upstream named, a bad --listen, or an --out that cannot be created.
     """
-    from ds4deploy.net import base_url
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.core.net import base_url
+    from ds4deploy.recipe.load import load_recipe
 
     if not ns.url and not ns.recipe_for_record:
         raise UserError("no server to forward to", "pass --url http://host:port (or --recipe <name>)")

@@ -29,9 +29,11 @@ from ds4deploy.bench.run import read_key
 from ds4deploy.bench.stream import error_text
 from ds4deploy.conformance import cases, report
 from ds4deploy.conformance.record import load_shapes
-from ds4deploy.errors import UserError
-from ds4deploy.net import base_url
-from ds4deploy.recipe import REPO_ROOT, Benchmark, Recipe, load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.net import base_url
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.recipe.schema import Benchmark, Recipe
 
 
 def probe_server(url: str, key: str | None, model: str | None, timeout_s: float = 30.0) -> tuple[str, int | None]:

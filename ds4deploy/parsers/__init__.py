@@ -3,7 +3,7 @@
 Each module turns one tool's output into frozen dataclasses whose field names carry their units
 (``bw_avg_gbit_s``, ``memory_total_mib``, ``avg_busbw_gbyte_s``). Running the tool is someone else's job;
 these functions only read text. Output that is not the expected tool's, or that stops mid-table, raises
-`ds4deploy.errors.UserError` naming what was expected (exit code 2: "could not check").
+`ds4deploy.core.errors.UserError` naming what was expected (exit code 2: "could not check").
 
 - `ib_write_bw`: perftest ``ib_write_bw`` (``--report_gbits`` or MB/sec), warnings, ``-D``/``--run_infinitely``
   runs whose peak prints 0.00, extra result columns (``--cpu_util``), and perftest's own failure lines.

@@ -4,7 +4,7 @@ There is one GID-table parser. It lives in ansible/module_utils/ds4_gids.py beca
 ``ds4_gid_index`` runs it on every node (ansible/library/ds4_gid_index.py); ``ds4deploy/parsers/gid_table.py`` is a
 symlink to that file, so the installed package carries the same code. This module re-exports it for the control
 host's checks and the ``ds4deploy fabric gid-index`` command, turning its `GidTableError` (the node has no
-ds4deploy package, so no `UserError` there) into `ds4deploy.errors.UserError` with the same cause and fix.
+ds4deploy package, so no `UserError` there) into `ds4deploy.core.errors.UserError` with the same cause and fix.
 See `ds4deploy.parsers.gid_table` for the sysfs layout, the kernel's EINVAL slots and the per-node index reports.
 """
 
@@ -14,7 +14,7 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers import gid_table
 
 GidEntry = gid_table.GidEntry

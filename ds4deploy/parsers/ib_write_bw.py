@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 # 10^9 bit/s per MiB/s: 2^20 bytes * 8 bits / 10^9.
 _GBIT_PER_MIB = 1048576 * 8 / 1e9

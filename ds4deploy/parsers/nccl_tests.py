@@ -35,7 +35,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 _HEADER = re.compile(
     r"^\s*#\s*size\s+count\s+type\s+redop\s+root\s+(?:cpu)?time\s+algbw\s+busbw\s+#wrong\s+(?:cpu)?time\s+algbw"

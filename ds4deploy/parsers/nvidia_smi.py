@@ -24,7 +24,7 @@ import io
 import re
 from typing import Any
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 UNAVAILABLE = frozenset({"[N/A]", "N/A", "[Not Supported]"})
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 _NAME = re.compile(r"^(?:link\s+|\d+/\d+:\s+)(?P<dev>[^/\s]+)/(?P<port>\d+):?(?P<rest>(?:\s.*)?)$")
 _KEYS = ("subnet_prefix", "lid", "sm_lid", "lmc", "state", "physical_state", "netdev", "netdev_index")

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.recipe import load_recipe
-from ds4deploy.render import compose_binary, render, write_all
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.render.compose import compose_binary, render, write_all
 
 REPO = Path(__file__).resolve().parents[2]
 CASE = REPO / "tests" / "unit" / "fixtures" / "render_contract" / "33-dollar-in-json-arg" / "cpu.yaml"

@@ -15,12 +15,13 @@ import httpx
 import pytest
 import yaml
 
-from ds4deploy.secrets import parse_env_file
+from ds4deploy.operate.key_file import parse_env_file
 from tests.e2e.conftest import REPO, VENV_BIN
 
 DV = yaml.safe_load((REPO / "compose" / "cpu" / "deploy-vars.yml").read_text())
 JOURNAL = Path("/var/lib/ds4deploy/supervise/cpu.jsonl")
-# Default policy (ds4deploy.supervise.Policy): a progress probe every 30 s allowed 60 s, then the ordered restart
+# Default policy (ds4deploy.operate.supervisor.Policy): a progress probe every 30 s allowed 60 s, then the ordered
+# restart
 # (~60 s warm on a quiet CI machine, docs/benchmarks.md; 235 s measured while other stacks loaded the 2-core host,
 # 2026-11-30): 10 minutes covers detection and recovery with margin.
 RECOVERY_TIMEOUT_S = 600

@@ -4,7 +4,7 @@ before anything changes) and the stack role's (ansible/roles/stack/tasks/launch_
 writes it into the .env; ansible/restart.yml runs only this one), run by ansible-playbook against localhost
 (connection local), each node's sysfs root (ds4_sysfs_root) pointed at a GID-table tree, with the real recipe
 recipes/gx10x2-ds4-flash-fp8.yaml and each node's own rails and interface names as `ds4deploy vars` derives them
-(ds4deploy.node_fabric: ds4_node_rails and the node plan's launch env).
+(ds4deploy.plan.node_fabric: ds4_node_rails and the node plan's launch env).
 
 Node A is the published GB10 table (spark-0e68, index 3), cabled as the recipe names it (the f1 port pair); node
 B is cabled on its f0 port pair (its inventory overrides the rail netdev and HCA names) and its table is the same
@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds4deploy import node_fabric
-from ds4deploy.recipe import load_recipe
+from ds4deploy.plan import node_fabric
+from ds4deploy.recipe.load import load_recipe
 from tests.support import gid_trees as trees
 
 REPO = trees.REPO
@@ -57,7 +57,7 @@ PLAYBOOK = """---
 
 def _node(tmp: Path, name: str, rank: int, sysfs: Path, recipe: str, port: str) -> dict:
     """One node's inventory entry: cabled on `port` (f1, the recipe's names, or f0: overridden), with the rails and
-    launch env `ds4deploy vars` derives from it (ds4deploy.node_fabric, as the node plan does)."""
+    launch env `ds4deploy vars` derives from it (ds4deploy.plan.node_fabric, as the node plan does)."""
     stack = tmp / name / "stack"
     stack.mkdir(parents=True, exist_ok=True)
     r = load_recipe(recipe)

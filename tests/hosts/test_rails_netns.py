@@ -18,8 +18,8 @@ import pytest
 import yaml
 
 from ds4deploy.checks import report, runner
-from ds4deploy.inventory import read_inventory
-from ds4deploy.recipe import load_recipe
+from ds4deploy.plan.inventory import read_inventory
+from ds4deploy.recipe.load import load_recipe
 from tests.hosts import testhosts
 from tests.hosts.conftest import BIN, RECIPE, ds4, playbook
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import yaml
 
-from ds4deploy.node_fabric import node_rails
-from ds4deploy.recipe import load_recipe
+from ds4deploy.plan.node_fabric import node_rails
+from ds4deploy.recipe.load import load_recipe
 
 NODES = ("node-a", "node-b")
 PREFIX = "provision-"
@@ -41,7 +41,7 @@ def host_vars() -> dict[str, dict]:
 
 
 def netdevs(recipe_name: str) -> dict[str, list[str]]:
-    """Test host -> its own rail netdev names, rail by rail (`ds4deploy.node_fabric.node_rails`)."""
+    """Test host -> its own rail netdev names, rail by rail (`ds4deploy.plan.node_fabric.node_rails`)."""
     recipe = load_recipe(recipe_name)
     return {node: [r.netdev for r in node_rails(recipe, node, hv)] for node, hv in host_vars().items()}
 

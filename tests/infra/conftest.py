@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds4deploy.net import base_url as url_for
-from ds4deploy.secrets import parse_env_file
+from ds4deploy.core.net import base_url as url_for
+from ds4deploy.operate.key_file import parse_env_file
 
 REPO = Path(__file__).resolve().parents[2]
 

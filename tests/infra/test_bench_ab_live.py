@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ds4deploy.engine_args import engine_env
-from ds4deploy.engine_venv import ENGINE_PYTHON
-from ds4deploy.recipe import load_recipe
-from ds4deploy.tinymodel import TinyModelSpec, files
+from ds4deploy.build.engine_venv import ENGINE_PYTHON
+from ds4deploy.engines.vllm import engine_env
+from ds4deploy.model.tiny import TinyModelSpec, files
+from ds4deploy.recipe.load import load_recipe
 from tools.benchval.stack import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]

@@ -150,7 +150,7 @@ def test_server_rejecting_max_tokens_stops_the_run_with_its_message(bench, tmp_p
 def test_thinking_switch_reaches_the_chat_template(bench, tmp_path, base_url, api_key):
     """Thinking on/off cells: the switch goes to the template of the real server, both when the harness sizes the
     prompt (/tokenize) and in the benchmark requests. The cpu model's template is Qwen3's (thinking off pre-fills
-    an empty <think></think> block, ds4deploy/tinymodel.py), so the off cell's prompt is sized with that block
+    an empty <think></think> block, ds4deploy/model/tiny.py), so the off cell's prompt is sized with that block
     and each of its requests must count the block too: without the switch in the request it would be 4+ tokens
     short of the fitted length."""
     import httpx

@@ -12,7 +12,7 @@ import pytest
 
 from ds4deploy.checks import fabric
 from ds4deploy.checks.target import target_for
-from ds4deploy.recipe import load_recipe
+from ds4deploy.recipe.load import load_recipe
 from tests.support.testinfra_support import assert_rows, host_name, inventory_hosts, recipe_name, target
 
 

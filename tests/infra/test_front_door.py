@@ -145,7 +145,7 @@ def test_the_front_door_logs_no_key(host, front, front_door_container, api_key):
 def test_a_request_without_max_tokens_stops_at_the_server_side_cap(front, dv):
     """serving.default_max_tokens (vLLM's generation-config override) caps a request that sets no max_tokens; the
     greedy request ignores EOS, so it would otherwise run to the end of the context."""
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.recipe.load import load_recipe
 
     url, key = front
     cap = load_recipe(dv["ds4_recipe"]).serving.default_max_tokens

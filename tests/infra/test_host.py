@@ -34,7 +34,7 @@ def test_model_is_mounted_read_only(engine_container, dv):
 
 
 def test_port_listens_on_the_configured_address_only(host, dv):
-    from ds4deploy.net import listens_only_on
+    from ds4deploy.core.net import listens_only_on
 
     port = dv["ds4_port"]
     ok, bound = listens_only_on(host.socket.get_listening_sockets(), dv["ds4_bind_address"], port)

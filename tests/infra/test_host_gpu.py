@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from ds4deploy.checks import host as checks
-from ds4deploy.recipe import load_recipe
+from ds4deploy.recipe.load import load_recipe
 from tests.support.testinfra_support import assert_rows, host_name, inventory_hosts, recipe_name, target
 
 

@@ -24,7 +24,7 @@ import httpx
 import pytest
 import yaml
 
-from ds4deploy.secrets import parse_env_file
+from ds4deploy.operate.key_file import parse_env_file
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin"
@@ -203,7 +203,7 @@ def test_supervisor_restarts_the_group_in_order(supervisor, fault, reason, detai
 
 def started_at(name: str) -> str:
     """The container's State.StartedAt (RFC 3339, nanoseconds) as sortable text."""
-    from ds4deploy.incidents import split_stamp
+    from ds4deploy.operate.incidents import split_stamp
 
     raw = run(["docker", "inspect", "--format", "{{.State.StartedAt}}", name]).stdout.strip()
     stamped = split_stamp(f"{raw} x")

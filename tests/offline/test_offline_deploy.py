@@ -21,7 +21,7 @@ import httpx
 import pytest
 import yaml
 
-from ds4deploy.secrets import parse_env_file
+from ds4deploy.operate.key_file import parse_env_file
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"

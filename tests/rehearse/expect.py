@@ -12,8 +12,8 @@ from pathlib import Path
 
 import yaml
 
-from ds4deploy.recipe import Recipe
-from ds4deploy.render import COMPOSE_DIR
+from ds4deploy.recipe.schema import Recipe
+from ds4deploy.render.compose import COMPOSE_DIR
 
 
 def _volumes(service: dict) -> dict[str, str]:

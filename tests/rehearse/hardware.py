@@ -20,7 +20,7 @@ import re
 import shutil
 from pathlib import Path
 
-from ds4deploy.recipe import Recipe
+from ds4deploy.recipe.schema import Recipe
 from tests.support import gid_trees
 
 PARSERS = gid_trees.REPO / "tests" / "unit" / "fixtures" / "parsers"

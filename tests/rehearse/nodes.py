@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ds4deploy.recipe import Recipe
+from ds4deploy.recipe.schema import Recipe
 from tests.rehearse import hardware
 
 RUN = Path("/run/ds4-rehearse")

@@ -35,16 +35,17 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds4deploy.incidents import INCIDENTS_ROOT
-from ds4deploy.recipe import REPO_ROOT, load_recipe
-from ds4deploy.recipe_index import REHEARSED
-from ds4deploy.render import node_project_name, project_name
+from ds4deploy.operate.incidents import INCIDENTS_ROOT
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.render.compose import node_project_name, project_name
+from ds4deploy.render.index import REHEARSED
 from tests.rehearse import hardware, nodes
 from tests.rehearse.expect import expectations
 
 REHEARSE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-# The reference recipes `make test` rehearses (ds4deploy.recipe_index.REHEARSED, whose index row says so), or the one
+# The reference recipes `make test` rehearses (ds4deploy.render.index.REHEARSED, whose index row says so), or the one
 # `make rehearse RECIPE=<name>` names.
 RECIPES = ([os.environ["DS4_REHEARSE_RECIPE"]] if os.environ.get("DS4_REHEARSE_RECIPE")
            else sorted(REHEARSED))
@@ -193,7 +194,7 @@ class Rehearsal:
                                capture_output=True, text=True, env=self.env, check=False, timeout=600)
         if probe.returncode == 0 or "image lock" not in probe.stderr:
             return
-        from ds4deploy.artifacts import image_artifacts  # the artifacts the recipe's image build downloads
+        from ds4deploy.build.artifacts import image_artifacts  # the artifacts the recipe's image build downloads
 
         args = []
         for art in image_artifacts(self.recipe):
@@ -381,7 +382,7 @@ def test_each_nodes_launch_facts(rehearsal):
             assert report["values"]["DS4_NODE_RANK"] == str(rank)
             assert report["values"]["DS4_MASTER_ADDR"] == master
         else:
-            assert env == {}  # one node: no per-node launch facts (ds4deploy.nodes.Node.launch_env)
+            assert env == {}  # one node: no per-node launch facts (ds4deploy.plan.nodes.Node.launch_env)
         if rehearsal.recipe.fabric is not None:
             assert env["DS4_NCCL_IB_GID_INDEX"] == ("3" if rank == 0 else str(WORKER_GID_INDEX))
             assert report["values"]["DS4_NCCL_IB_GID_INDEX"] == env["DS4_NCCL_IB_GID_INDEX"]

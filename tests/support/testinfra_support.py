@@ -5,7 +5,7 @@ Run against any inventory and recipe, per host group with ``--hosts``::
     DS4_RECIPE=gx10x2-ds4-flash-fp8 pytest tests/infra/test_rails.py \\
         --hosts=ansible://fabric_nodes --ansible-inventory ansible/inventories/test-hosts.yml
 
-Host variables come from the inventory file itself (`ds4deploy.inventory.read_inventory`), so the checks see the
+Host variables come from the inventory file itself (`ds4deploy.plan.inventory.read_inventory`), so the checks see the
 same ``ds4_rails``/``ds4_netns`` values as ``make check``.
 """
 
@@ -39,7 +39,7 @@ class TestinfraTarget:
 def inventory_hosts(request) -> dict[str, dict]:
     """Host name -> variables of the ``--ansible-inventory`` file ({} without one)."""
 
-    from ds4deploy.inventory import read_inventory
+    from ds4deploy.plan.inventory import read_inventory
 
     path = getattr(request.config.option, "ansible_inventory", None)
     return read_inventory(path).hosts if path else {}

@@ -25,11 +25,11 @@ def recipe_dir(tmp_path, monkeypatch):
     shutil.copy(REPO / "recipes" / "cpu.manifest.json", d / "cpu.manifest.json")
     monkeypatch.setenv("DS4_RECIPES_DIR", str(d))
     monkeypatch.setenv("DS4_COMPOSE_DIR", str(tmp_path / "compose"))
-    import ds4deploy.recipe
-    import ds4deploy.render
+    import ds4deploy.recipe.paths
+    import ds4deploy.render.compose
 
-    monkeypatch.setattr(ds4deploy.recipe, "RECIPES_DIR", d)
-    monkeypatch.setattr(ds4deploy.render, "COMPOSE_DIR", tmp_path / "compose")
+    monkeypatch.setattr(ds4deploy.recipe.paths, "RECIPES_DIR", d)
+    monkeypatch.setattr(ds4deploy.render.compose, "COMPOSE_DIR", tmp_path / "compose")
     return d
 
 

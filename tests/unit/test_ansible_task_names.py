@@ -12,7 +12,7 @@ import jinja2.nodes
 import pytest
 import yaml
 
-from ds4deploy.recipe import REPO_ROOT
+from ds4deploy.recipe.paths import REPO_ROOT
 
 TASK_LISTS = ("tasks", "pre_tasks", "post_tasks", "handlers", "block", "rescue", "always")
 

@@ -14,7 +14,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import yaml
 
-from ds4deploy.recipe import load_recipe
+from ds4deploy.recipe.load import load_recipe
 from tests.unit.conftest import REPO, run_cli
 
 SM86 = "rtx3090x2-xeon-ds4-flash"
@@ -164,7 +164,7 @@ def test_bad_artifact_sources_are_refused(sm86, arg, needle):
 
 
 def test_recipe_sha_must_agree_with_the_lock_and_preflight_reads_the_lock(sm86, tmp_path):
-    from ds4deploy import preflight
+    from ds4deploy.plan import preflight
 
     recipe_dir, url = sm86
     url("http://127.0.0.1:9/nowhere")
@@ -184,7 +184,7 @@ def test_recipe_sha_must_agree_with_the_lock_and_preflight_reads_the_lock(sm86, 
 
 
 def test_images_without_downloads_need_no_lock():
-    from ds4deploy.artifacts import image_artifacts
+    from ds4deploy.build.artifacts import image_artifacts
 
     assert [a.name for a in image_artifacts(load_recipe(SM86))] == ["LVLLMDS4X"]
     for name in ("cpu", "v100x8-ds41-flash-iq2", "gx10x2-ds4-flash-fp8"):
@@ -192,11 +192,12 @@ def test_images_without_downloads_need_no_lock():
 
 
 def test_the_deploy_checks_a_locked_download_before_any_node_is_changed(sm86, served, tmp_path):
-    """`check_obtainable` (run by the deploy's control-host checks, ds4deploy.playvars.check_run): a locked artifact
+    """`check_obtainable` (run by the deploy's control-host checks, ds4deploy.plan.playvars.check_run): a locked
+    artifact
     with no local copy passes while its URL answers, and stops with the URL and the fix once it does not; a copy in
     the cache passes without the network."""
-    from ds4deploy.artifacts import check_obtainable
-    from ds4deploy.errors import UserError
+    from ds4deploy.build.artifacts import check_obtainable
+    from ds4deploy.core.errors import UserError
 
     recipe_dir, url = sm86
     base, root = served

@@ -37,7 +37,7 @@ def test_unreachable_server(env):
 def test_profile_longer_than_the_recipe(env):
     p = bench(env, "--profile", "v100-content", "--url", CLOSED)
     assert p.returncode == 2
-    from ds4deploy.recipe import load_recipe
+    from ds4deploy.recipe.load import load_recipe
 
     limit = load_recipe("cpu").serving.max_model_len
     assert "error: profile 'v100-content' asks for" in p.stderr and f"max_model_len {limit}" in p.stderr

@@ -23,7 +23,7 @@ import pytest
 
 from ds4deploy.bench import clocks, plots, report
 from ds4deploy.bench.clocks import ClockSweep, GpuState, Journal, SweepInterrupted
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 REPO = Path(__file__).resolve().parents[2]
 

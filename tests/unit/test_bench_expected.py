@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4deploy.bench.expected import compare
-from ds4deploy.recipe import load_recipe
+from ds4deploy.recipe.load import load_recipe
 
 
 def cell(prompt, conc, content="chat", valid=True, **metrics):

@@ -13,7 +13,7 @@ import pytest
 
 from ds4deploy.bench import clocks, telemetry
 from ds4deploy.bench.gpu import Smi, open_gpu
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 FAKE = """#!/bin/sh
 [ -n "$FAKE_SMI_FAIL" ] && { echo "NVIDIA-SMI has failed because it couldn't communicate with the driver"; exit 9; }

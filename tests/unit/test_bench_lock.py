@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from ds4deploy.bench.lock import ServerLock, lock_path
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 HOLDER = """
 import sys, time

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ds4deploy.bench.metrics import Counters, diff, parse_metrics
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 FIX = Path(__file__).parent / "fixtures" / "bench"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from ds4deploy.bench.profiles import Profile, Span, expand, load_profile, profile_names
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe.load import load_recipe
 
 # Which recipe each reference profile was written for (its expected.table names the profile).
 HOME = {"smoke": "cpu", "context-sweep": "cpu", "v100-content": "v100x8-ds41-flash-iq2",
@@ -74,7 +74,7 @@ def test_unknown_profile_lists_the_bundled_ones():
 
 def test_a_profile_with_a_key_written_twice_is_refused(tmp_path):
     from ds4deploy.bench.profiles import load_profile
-    from ds4deploy.errors import UserError
+    from ds4deploy.core.errors import UserError
 
     p = tmp_path / "dup.yaml"
     p.write_text("name: dup\nconcurrency: [1]\nconcurrency: [4]\n")

@@ -9,7 +9,7 @@ import pytest
 
 from ds4deploy.bench import report
 from ds4deploy.bench.expected import compare
-from ds4deploy.recipe import load_recipe
+from ds4deploy.recipe.load import load_recipe
 
 
 def cell(prompt, conc, content="prose", thinking=None, valid=True, flags=(), **m):

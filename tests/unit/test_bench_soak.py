@@ -10,8 +10,8 @@ import pytest
 
 from ds4deploy.bench.soak import FLAT_RISE_MIB, check_plan, memory_trend, parse_mem_usage, window_rows
 from ds4deploy.bench.stream import RequestResult
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe.load import load_recipe
 
 FIXTURES = Path(__file__).parent / "fixtures" / "soak"
 

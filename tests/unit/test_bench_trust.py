@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from tools.benchval import trust, wire
 
 FIX = Path(__file__).parent / "fixtures" / "wire"

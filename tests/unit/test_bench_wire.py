@@ -169,7 +169,7 @@ def test_event_split_across_segments_and_body_after_headers(tmp_path):
 
 
 def test_unreadable_captures_are_one_clear_error(tmp_path):
-    from ds4deploy.errors import UserError
+    from ds4deploy.core.errors import UserError
 
     with (tmp_path / "x.pcap").open("wb") as f:
         dpkt.pcap.Writer(f, linktype=dpkt.pcap.DLT_IEEE802_11)
@@ -237,7 +237,7 @@ def test_live_capture_of_a_local_stream(tmp_path):
 
 
 def test_capture_without_tcpdump_is_one_clear_error(tmp_path, monkeypatch):
-    from ds4deploy.errors import UserError
+    from ds4deploy.core.errors import UserError
 
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing to run here
     assert "tcpdump is not installed" in wire.available()
@@ -249,7 +249,7 @@ def test_capture_without_tcpdump_is_one_clear_error(tmp_path, monkeypatch):
 @pytest.mark.skipif(shutil.which("tcpdump") is None or os.geteuid() != 0,
                     reason="needs tcpdump and root (make unit installs tcpdump; CI runs as root)")
 def test_capture_that_cannot_start_says_why(tmp_path):
-    from ds4deploy.errors import UserError
+    from ds4deploy.core.errors import UserError
 
     with pytest.raises(UserError, match=r"tcpdump did not start: .*no-such-if0") as e, \
             wire.capture(tmp_path / "x.pcap", 1, "no-such-if0"):

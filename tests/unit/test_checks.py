@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds4deploy import preflight
-from ds4deploy.checks import fabric, host, inputs, report, runner
+from ds4deploy.checks import fabric, host, report, runner
 from ds4deploy.checks.target import Result, ShellTarget, target_for
 from ds4deploy.cli import main
-from ds4deploy.errors import UserError
-from ds4deploy.inventory import read_inventory
-from ds4deploy.recipe import load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.plan import check_inputs as inputs
+from ds4deploy.plan import preflight
+from ds4deploy.plan.inventory import read_inventory
+from ds4deploy.recipe.load import load_recipe
 from tests.unit.parsers._fixtures import SYSFS, fixture_text
 
 REPO = Path(__file__).resolve().parents[2]

@@ -28,13 +28,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ds4deploy.build.engine_venv import ENGINE_PYTHON
 from ds4deploy.conformance import cases
 from ds4deploy.conformance.record import Recorder, load_shapes, serve, strip_text
-from ds4deploy.engine_args import engine_env
-from ds4deploy.engine_venv import ENGINE_PYTHON
-from ds4deploy.recipe import load_recipe
-from ds4deploy.secrets import parse_env_file
-from ds4deploy.tinymodel import TinyModelSpec, generate
+from ds4deploy.engines.vllm import engine_env
+from ds4deploy.model.tiny import TinyModelSpec, generate
+from ds4deploy.operate.key_file import parse_env_file
+from ds4deploy.recipe.load import load_recipe
 from tests.support.real_clients import run_claude, run_llm
 from tests.unit.conftest import run_cli
 from tools.benchval.stack import wait_healthy

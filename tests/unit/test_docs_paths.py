@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.recipe import REPO_ROOT
+from ds4deploy.recipe.paths import REPO_ROOT
 
 DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 # What a path-looking word ends with when it names a file of this repository.
@@ -106,6 +106,6 @@ def test_the_checks_find_a_missing_path_and_target(tmp_path):
     assert _broken_links(text, doc) == ["nothere.md"]
     (tmp_path / "nothere.md").write_text("")
     assert _broken_links(text, doc) == []
-    assert _exists("compose/<name>/compose.yaml", doc) and _exists("render.py", doc)
+    assert _exists("compose/<name>/compose.yaml", doc) and _exists("compose.py", doc)
     assert make_named(text) == {"nosuchtarget", "deploy", "gone-too"}
     assert make_named(text) - make_targets() == {"nosuchtarget", "gone-too"}

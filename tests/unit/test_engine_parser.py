@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.engine_venv import ENGINE_PYTHON
-from ds4deploy.recipe import all_recipes
-from ds4deploy.render import node_files
+from ds4deploy.build.engine_venv import ENGINE_PYTHON
+from ds4deploy.recipe.load import all_recipes
+from ds4deploy.render.compose import node_files
 
 # One definition of which flags vLLM's parser is not shown: the stand-in engine's (tests/rehearse/standin/engine.py,
 # standard library only because it runs inside the stand-in image), loaded here by path.

@@ -1,6 +1,6 @@
 """A node's RoCE v2 GID index from its own GID table: the shared parser's `resolve_rails` (what the Ansible module
 ds4_gid_index runs on each node, ansible/library/ds4_gid_index.py) on the real fixture trees, with the rails as the
-module gets them (`ds4deploy.playvars.provision_vars`); and the GID dump the fabric checks run over a target, for
+module gets them (`ds4deploy.plan.playvars.provision_vars`); and the GID dump the fabric checks run over a target, for
 real by sh, under any sysfs root. tests/hosts/test_gid_launch_env.py runs the module itself with ansible-playbook."""
 
 from __future__ import annotations
@@ -13,12 +13,12 @@ import pytest
 import yaml
 
 from ds4deploy.checks import fabric
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers import gid_table
 from ds4deploy.parsers.gid_table import GidTableError, resolve_rails
 from ds4deploy.parsers.gids import read_gid_table, roce_v2_gid_index
-from ds4deploy.playvars import provision_vars
-from ds4deploy.recipe import load_recipe
+from ds4deploy.plan.playvars import provision_vars
+from ds4deploy.recipe.load import load_recipe
 from tests.support import gid_trees as trees
 from tests.unit.parsers._fixtures import einval_reader
 

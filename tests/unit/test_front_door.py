@@ -20,8 +20,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ds4deploy import front_door, render
-from ds4deploy.recipe import all_recipes, load_recipe
+from ds4deploy.recipe.load import all_recipes, load_recipe
+from ds4deploy.render import compose as render
+from ds4deploy.render import front_door
 from tests.unit.conftest import REPO
 
 KEY = "ds4-TestKey0123456789abcdefABCDEF"

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from ds4deploy.recipe import load_recipe
-from ds4deploy.tinymodel import TinyModelSpec, files
+from ds4deploy.model.tiny import TinyModelSpec, files
+from ds4deploy.recipe.load import load_recipe
 from tests.support.fakehub import FakeHub
 from tests.unit.conftest import run_cli, write_variant
 
@@ -222,7 +222,7 @@ def test_cut_connection_resumes_with_a_range_request(hub_recipe, tmp_path, big_f
 
 
 def test_interrupted_fetch_keeps_complete_files_for_the_next_run(hub_recipe, tmp_path, big_files):
-    """Across runs huggingface_hub (>= 1.18) continues whole files, not partial ones (ds4deploy.hub docstring)."""
+    """Across runs huggingface_hub (>= 1.18) continues whole files, not partial ones (ds4deploy.model.hub docstring)."""
     dest = tmp_path / "model"
     shard = "model-00002-of-00002.safetensors"
     with FakeHub(REPO_ID, SHA, big_files) as hub:
@@ -355,9 +355,9 @@ def test_short_pin_is_fetched_by_the_manifests_full_commit(recipe_dir, tmp_path,
 LOCK_HOLDER = """
 import sys, time
 from pathlib import Path
-from ds4deploy.errors import UserError
-from ds4deploy.fetch import fetch_lock_path
-from ds4deploy.holder_lock import HolderLock
+from ds4deploy.core.errors import UserError
+from ds4deploy.model.fetch import fetch_lock_path
+from ds4deploy.core.holder_lock import HolderLock
 with HolderLock(fetch_lock_path(Path(sys.argv[1])), lambda who: UserError(who, ""), what="ds4deploy model fetch hubby"):
     print("held", flush=True)
     time.sleep(60)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ds4deploy import image
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import REPO_ROOT, load_recipe
+from ds4deploy.build import image
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
 
 TORCH = "torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl"
 

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy import image
-from ds4deploy.engine_venv import ENGINE_PYTHON
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import REPO_ROOT, all_recipes, load_recipe
+from ds4deploy.build import image
+from ds4deploy.build.engine_venv import ENGINE_PYTHON
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe.load import all_recipes, load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -31,7 +32,7 @@ def dockerfile_args(arch: str) -> dict[str, str | None]:
 
 
 # Passed by the image role itself (ansible/roles/image/tasks/build.yml), not by the recipe: the base, the index
-# switch, and each downloaded artifact's sha256 from its lock (`ds4deploy.artifacts.locked_build_args`).
+# switch, and each downloaded artifact's sha256 from its lock (`ds4deploy.build.artifacts.locked_build_args`).
 ROLE_ARGS = {"BASE_IMAGE", "PIP_NO_INDEX", "LVLLMDS4X_SHA256"}
 
 

@@ -1,12 +1,15 @@
 """The import graph of the installed package: no cycles (counting imports inside functions too, which only move a
-cycle to run time) and no import of the validation tooling in tools/ (not installed with the package)."""
+cycle to run time), no import from a higher layer (the order the package docstring states), and no import of the
+validation tooling in tools/ (not installed with the package)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
-from ds4deploy.recipe import REPO_ROOT
+import ds4deploy
+from ds4deploy.recipe.paths import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "ds4deploy"
 
@@ -107,3 +110,49 @@ def test_the_package_does_not_import_the_validation_tooling():
     users = sorted(m for m, p in ((module_name(p), p) for p in PACKAGE.rglob("*.py"))
                    if any(i == "tools" or i.startswith("tools.") for i in imported(p, m)))
     assert users == []
+
+
+def layers(doc: str | None = ds4deploy.__doc__) -> list[str]:
+    """The layer order the package docstring states (``layers: a < b < ...``), lowest first."""
+    m = re.search(r"layers: ([a-z_ <\n]+)", doc or "")
+    assert m, "the package docstring must state its layers as `layers: a < b < ...`"
+    return [x.strip() for x in m.group(1).split("<")]
+
+
+def layer_of(module: str, order: list[str]) -> int:
+    """A module's layer index: its first name under the package (``ds4deploy.plan.nodes`` -> ``plan``)."""
+    parts = module.split(".")
+    if len(parts) == 1:
+        return -1  # the package itself: its docstring only
+    assert parts[1] in order, f"{module} is in no layer: add {parts[1]} to the package docstring's layers"
+    return order.index(parts[1])
+
+
+def upward_imports(graph: dict[str, set[str]], order: list[str]) -> list[str]:
+    """``importer -> imported`` for every import of a higher layer."""
+    return sorted(f"{m} -> {i}" for m, deps in graph.items() for i in deps
+                  if layer_of(i, order) > layer_of(m, order))
+
+
+def test_no_module_imports_a_higher_layer():
+    assert upward_imports(import_graph(), layers()) == []
+
+
+def test_every_subpackage_has_a_layer():
+    order = layers()
+    subs = sorted({m.split(".")[1] for m in import_graph() if m.count(".") >= 1})
+    assert [s for s in subs if s not in order] == []
+
+
+def test_a_planted_upward_import_is_found(tmp_path):
+    pkg = tmp_path / "p"
+    for sub in ("core", "operate"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "operate" / "run.py").write_text("from p.core import util\n")
+    (pkg / "core" / "util.py").write_text("def f():\n    from p.operate import run\n")
+    files = {module_name(f, tmp_path): f for f in pkg.rglob("*.py")}
+    graph = {m: {i for i in imported(f, m) if i in files and i != m} for m, f in files.items()}
+    assert upward_imports(graph, layers("layers: core < operate")) == [
+        "p.core.util -> p.operate", "p.core.util -> p.operate.run"]

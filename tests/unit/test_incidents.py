@@ -1,4 +1,5 @@
-"""The incident parser (ds4deploy.incidents): the earliest fatal line across nodes, on real `docker logs --timestamps`
+"""The incident parser (ds4deploy.operate.incidents): the earliest fatal line across nodes, on real `docker logs
+--timestamps`
 output of the two-node CPU stack (tests/unit/fixtures/incidents/, incident folders saved by the deploy and the
 supervisor in tests/multinode), and the vLLM lines of docs/multinode-cpu.md. Collecting for real (docker) is
 tested in tests/multinode."""
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy import incidents
-from ds4deploy.incidents import Fatal, death, earliest, fatal_text, first_fatal, prune, split_stamp
+from ds4deploy.operate import incidents
+from ds4deploy.operate.incidents import Fatal, death, earliest, fatal_text, first_fatal, prune, split_stamp
 
 FIXTURES = Path(__file__).parent / "fixtures" / "incidents"
 

@@ -1,14 +1,15 @@
-"""Manifest checks (ds4deploy.manifest), pin rules and the free-space guard (ds4deploy.fetch, ds4deploy.hub)."""
+"""Manifest checks (ds4deploy.model.manifest), pin rules and the free-space guard (ds4deploy.model.fetch,
+ds4deploy.model.hub)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ds4deploy.errors import UserError
-from ds4deploy.fetch import check_free_space, gb_gib, pinned_commit, staging_dir
-from ds4deploy.hub import check_resolved
-from ds4deploy.manifest import check_manifest, load_manifest
-from ds4deploy.recipe import load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.model.fetch import check_free_space, gb_gib, pinned_commit, staging_dir
+from ds4deploy.model.hub import check_resolved
+from ds4deploy.model.manifest import check_manifest, load_manifest
+from ds4deploy.recipe.load import load_recipe
 from tests.unit.conftest import write_variant
 
 SHA = "9e165c30" + "0" * 32
@@ -88,8 +89,8 @@ def test_staging_is_a_sibling_on_the_same_filesystem(tmp_path):
 
 
 def test_committed_manifests_pass_the_check():
-    from ds4deploy.manifest import manifest_path
-    from ds4deploy.recipe import all_recipes
+    from ds4deploy.model.manifest import manifest_path
+    from ds4deploy.recipe.load import all_recipes
 
     checked = [r.name for r in all_recipes() if manifest_path(r).is_file() and load_manifest(r)]
     assert "cpu" in checked

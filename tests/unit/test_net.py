@@ -1,11 +1,11 @@
-"""The listening-port check's rule (ds4deploy.net.listens_only_on) on socket lists as testinfra builds them from
+"""The listening-port check's rule (ds4deploy.core.net.listens_only_on) on socket lists as testinfra builds them from
 real `ss -tln` lines: testinfra turns a `*:<port>` (dual-stack `::`) line into two entries."""
 
 from __future__ import annotations
 
 import pytest
 
-from ds4deploy.net import listens_only_on
+from ds4deploy.core.net import listens_only_on
 
 OTHER = ["tcp://0.0.0.0:22", "tcp://:::22", "unix:///run/docker.sock", "udp://0.0.0.0:8000"]
 

@@ -1,4 +1,5 @@
-"""Per-node rail names (ds4deploy.node_fabric): a GX10 pair whose nodes are cabled on different ports (node a on the
+"""Per-node rail names (ds4deploy.plan.node_fabric): a GX10 pair whose nodes are cabled on different ports (node a on
+the
 recipe's f1 port, node b on f0) gets each node's own NCCL_IB_HCA, socket interface, rails and GID index, through
 `ds4deploy vars` into the node plan, while the committed compose files stay the same for every node; wrong
 overrides are refused with one message before anything is written."""
@@ -12,15 +13,16 @@ import subprocess
 import pytest
 import yaml
 
-from ds4deploy import node_fabric, playvars, preflight, render
 from ds4deploy.checks import fabric
 from ds4deploy.checks.report import SKIP
 from ds4deploy.checks.target import Result, ShellTarget
 from ds4deploy.cli import main
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.gid_table import GidTableError, resolve_rails
 from ds4deploy.parsers.gids import read_gid_table
-from ds4deploy.recipe import load_recipe
+from ds4deploy.plan import node_fabric, playvars, preflight
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.render import compose as render
 from tests.support import gid_trees as trees
 from tests.unit.parsers._fixtures import einval_reader
 

@@ -1,4 +1,5 @@
-"""The multi-node plan (ds4deploy.nodes) and the workers' rendezvous-port probe, on real inventories and sockets."""
+"""The multi-node plan (ds4deploy.plan.nodes) and the workers' rendezvous-port probe, on real inventories and
+sockets."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.errors import UserError
-from ds4deploy.nodes import plan, plan_from_inventory
-from ds4deploy.recipe import load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.plan.nodes import plan, plan_from_inventory
+from ds4deploy.recipe.load import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 

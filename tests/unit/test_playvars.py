@@ -1,4 +1,4 @@
-"""One channel from recipe to Ansible (ds4deploy.playvars): every variable a play reads comes from one function,
+"""One channel from recipe to Ansible (ds4deploy.plan.playvars): every variable a play reads comes from one function,
 written once per run after the checks of its scope passed; nothing is written when one fails."""
 
 from __future__ import annotations
@@ -8,11 +8,13 @@ import shutil
 import pytest
 import yaml
 
-from ds4deploy import playvars, render
 from ds4deploy.cli import main
-from ds4deploy.errors import UserError
-from ds4deploy.inventory import read_inventory
-from ds4deploy.recipe import REPO_ROOT, load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.plan import playvars
+from ds4deploy.plan.inventory import read_inventory
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.render import compose as render
 
 LOCAL = REPO_ROOT / "ansible" / "inventories" / "local.yml"
 TWO = REPO_ROOT / "ansible" / "inventories" / "two-node-local.yml"

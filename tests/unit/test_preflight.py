@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ds4deploy import preflight
-from ds4deploy.recipe import load_recipe
+from ds4deploy.plan import preflight
+from ds4deploy.plan.preflight import architecture, field_reports, serving
+from ds4deploy.recipe.instances import instance_count
+from ds4deploy.recipe.load import load_recipe
 from tests.unit.conftest import run_cli
 
 REFERENCE = ["v100x8-ds41-flash-iq2", "rtx3090x2-xeon-ds4-flash", "gx10x2-ds4-flash-fp8"]
@@ -235,7 +237,7 @@ def test_gb10_long_context_without_a_fixed_kv_allocation_fails():
     bad = verdict(util_sized, "gb10-fixed-kv")
     assert bad.status == "fail"
     assert "kv-cache-memory-bytes" in bad.remediation
-    data["serving"]["max_model_len"] = preflight.GB10_FIXED_KV_ABOVE_TOKENS
+    data["serving"]["max_model_len"] = architecture.GB10_FIXED_KV_ABOVE_TOKENS
     assert verdict(type(r).model_validate(data), "gb10-fixed-kv").status == "skip"
 
 
@@ -249,7 +251,7 @@ def test_the_kv_cache_is_written_once():
 
 
 def test_instance_count_is_derived_from_ram_and_vram():
-    count, why = preflight.instance_count(_pinned_sm86())
+    count, why = instance_count(_pinned_sm86())
     assert count == 3
     assert "4 NUMA nodes" in why
     assert "floor(23.69 GiB / 6.15 GiB) = 3" in why
@@ -260,7 +262,7 @@ def test_instance_count_is_derived_from_ram_and_vram():
     data["serving"]["gpu_memory_utilization"] = 0.1
     data["memory"]["weights_on_gpu_gb"] = 0.1
     roomy = type(r).model_validate(data)
-    assert preflight.instance_count(roomy)[0] == 4
+    assert instance_count(roomy)[0] == 4
 
 
 def test_cli_with_inventory_and_exit_codes(tmp_path, locked_gx10):
@@ -348,9 +350,9 @@ def test_sm121_unknown_without_a_torch_pin():
 
 
 def test_torch_local_cuda_flavour():
-    assert preflight.torch_local_cuda("2.11.0+cu130") == "cu130"
-    assert preflight.torch_local_cuda("2.13.0+cpu") is None
-    assert preflight.torch_local_cuda("2.11.0") is None
+    assert field_reports.torch_local_cuda("2.11.0+cu130") == "cu130"
+    assert field_reports.torch_local_cuda("2.13.0+cpu") is None
+    assert field_reports.torch_local_cuda("2.11.0") is None
 def test_a_short_context_needs_no_output_cap_and_a_long_one_does():
     """The output-cap rule's threshold: uncapped is fine up to LONG_CONTEXT_TOKENS, refused above."""
     short = mutate("cpu", "serving.max_model_len", 2048)
@@ -358,7 +360,7 @@ def test_a_short_context_needs_no_output_cap_and_a_long_one_does():
     ok = verdict(short, "output-cap")
     assert ok.status == "pass" and "short enough" in ok.numbers
     long_ctx = mutate(V100, "serving.default_max_tokens", None)
-    assert long_ctx.serving.max_model_len > preflight.LONG_CONTEXT_TOKENS
+    assert long_ctx.serving.max_model_len > serving.LONG_CONTEXT_TOKENS
     bad = verdict(long_ctx, "output-cap")
     assert bad.status == "fail" and "serving.default_max_tokens" in bad.remediation
 
@@ -396,7 +398,7 @@ def test_cli_runs_the_deploys_control_host_checks_without_an_inventory(recipe_di
 
 def test_cli_refuses_a_local_model_the_deploy_could_not_check_on_the_nodes(recipe_dir):
     """A local model placed on the nodes by hand: no manifest, or one without sha256, is refused by the preflight
-    as by the deploy's staging step (ds4deploy.staging.check_source), naming the fix."""
+    as by the deploy's staging step (ds4deploy.model.staging.check_source), naming the fix."""
     import json
 
     from tests.unit.conftest import write_variant

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import all_recipes, load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe.load import all_recipes, load_recipe
 from tests.unit.conftest import run_cli, write_variant
 
 
@@ -195,7 +195,7 @@ def test_exposed_recipe_needs_the_front_door_and_the_front_door_needs_a_key(reci
 
 
 def test_aliases_and_output_cap_reach_the_engine_argv(recipe_dir):
-    from ds4deploy.engine_args import engine_args
+    from ds4deploy.engines.vllm import engine_args
 
     write_variant(recipe_dir, "agent", lambda d: d["model"].update(aliases=["claude-sonnet-4-5", "gpt-4o"]))
     args = engine_args(load_recipe("agent"))

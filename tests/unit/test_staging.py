@@ -1,4 +1,5 @@
-"""Model staging (ds4deploy/staging.py), the one path behind `model stage`, `bundle create` and `bundle stage-model`:
+"""Model staging (ds4deploy/model/staging.py), the one path behind `model stage`, `bundle create` and `bundle
+stage-model`:
 the cpu recipe's generated model staged, restaged, copied from a bundle's model directory, and refused when a
 file is missing or differs from the committed manifest."""
 
@@ -6,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from ds4deploy.errors import UserError
-from ds4deploy.manifest import load_manifest, sha256_map
-from ds4deploy.recipe import load_recipe
-from ds4deploy.staging import stage
-from ds4deploy.tinymodel import generator_spec
+from ds4deploy.core.errors import UserError
+from ds4deploy.model.manifest import load_manifest, sha256_map
+from ds4deploy.model.staging import stage
+from ds4deploy.model.tiny import generator_spec
+from ds4deploy.recipe.load import load_recipe
 
 
 def test_stage_generates_verifies_and_reports_the_sha256_of_every_file(tmp_path):

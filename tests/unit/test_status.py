@@ -1,4 +1,4 @@
-"""`make status` / `make logs` (ds4deploy.status) on real ansible-playbook JSON output of ansible/status.yml,
+"""`make status` / `make logs` (ds4deploy.operate.status) on real ansible-playbook JSON output of ansible/status.yml,
 captured with the ansible.posix.json callback on this machine: a one-node cpu stack with 3 log lines
 (status-cpu-logs.json), and a run the node plan refused (cpu-2node-tp on the one-host inventory,
 status-plan-refused.json). What is printed must be docker's own output, line for line, with no Ansible headers."""
@@ -9,7 +9,7 @@ import io
 import json
 from pathlib import Path
 
-from ds4deploy import playbook, status
+from ds4deploy.operate import playbook, status
 
 FIXTURES = Path(__file__).parent / "fixtures" / "ansible"
 

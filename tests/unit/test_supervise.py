@@ -1,4 +1,5 @@
-"""The supervisor's decisions (ds4deploy.supervise.supervise) on a scripted fake group and a fake clock: when it
+"""The supervisor's decisions (ds4deploy.operate.supervisor.supervise) on a scripted fake group and a fake clock:
+when it
 restarts, how its backoff doubles and resets after a stable period, and when it gives up (exit 3). Nothing sleeps:
 the injected `sleep` advances the injected clock."""
 
@@ -8,10 +9,10 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ds4deploy.incidents import Incident
-from ds4deploy.nodes import Node
-from ds4deploy.recipe import load_recipe
-from ds4deploy.supervise import GAVE_UP_EXIT, Journal, Policy, supervise
+from ds4deploy.operate.incidents import Incident
+from ds4deploy.operate.supervisor import GAVE_UP_EXIT, Journal, Policy, supervise
+from ds4deploy.plan.nodes import Node
+from ds4deploy.recipe.load import load_recipe
 
 
 class FakeClock:

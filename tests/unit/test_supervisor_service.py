@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy import secrets, supervisor_service
-from ds4deploy.errors import UserError
-from ds4deploy.recipe import load_recipe
+from ds4deploy.core.errors import UserError
+from ds4deploy.operate import key_file as secrets
+from ds4deploy.operate import service as supervisor_service
+from ds4deploy.recipe.load import load_recipe
 from tests.unit.conftest import REPO
 
 
@@ -91,7 +92,7 @@ def test_a_supervisor_that_cannot_run_stops_start_with_its_message(stacks, tmp_p
 
 
 def test_the_systemd_unit_runs_the_supervisor_and_stops_after_giving_up(tmp_path):
-    from ds4deploy.supervise import GAVE_UP_EXIT
+    from ds4deploy.operate.supervisor import GAVE_UP_EXIT
 
     unit = supervisor_service.unit_text(load_recipe("cpu"), tmp_path / "inv.yml")
     assert f"supervise cpu --inventory {tmp_path / 'inv.yml'}" in unit

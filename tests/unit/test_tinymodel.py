@@ -8,10 +8,10 @@ import os
 import pytest
 from tokenizers import Tokenizer
 
-from ds4deploy.errors import UserError
-from ds4deploy.manifest import load_manifest, manifest_of_files, verify_dir
-from ds4deploy.recipe import load_recipe
-from ds4deploy.tinymodel import TinyModelSpec, files, generate
+from ds4deploy.core.errors import UserError
+from ds4deploy.model.manifest import load_manifest, manifest_of_files, verify_dir
+from ds4deploy.model.tiny import TinyModelSpec, files, generate
+from ds4deploy.recipe.load import load_recipe
 from tests.unit.conftest import run_cli
 
 
@@ -99,7 +99,7 @@ def test_chat_template_renders_a_system_message_wherever_it_stands():
     leading system block, with or without tools)."""
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    from ds4deploy.tinymodel import CHAT_TEMPLATE
+    from ds4deploy.model.tiny import CHAT_TEMPLATE
 
     tpl = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True).from_string(CHAT_TEMPLATE)
     msgs = [{"role": "system", "content": "FIRST-RULE"}, {"role": "user", "content": "hi"},

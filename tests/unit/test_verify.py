@@ -1,4 +1,4 @@
-"""Parallel model verification and its sidecar (ds4deploy.verify): what a re-check trusts, what invalidates it,
+"""Parallel model verification and its sidecar (ds4deploy.model.verify): what a re-check trusts, what invalidates it,
 and that no partial, changed or corrupted file is ever reported verified."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy import verify
-from ds4deploy.verify import verify_model
+from ds4deploy.model import verify
+from ds4deploy.model.verify import verify_model
 from tests.unit.conftest import run_cli
 
 MIB = 1 << 20
@@ -172,8 +172,8 @@ def test_default_workers_are_the_usable_cores():
 
 
 def test_cli_table_json_full_and_exit_codes(recipe_dir, tmp_path):
-    from ds4deploy.recipe import load_recipe
-    from ds4deploy.tinymodel import TinyModelSpec, generate
+    from ds4deploy.model.tiny import TinyModelSpec, generate
+    from ds4deploy.recipe.load import load_recipe
 
     d = tmp_path / "m"
     generate(d, TinyModelSpec(**load_recipe("cpu").model.generator.model_dump()))

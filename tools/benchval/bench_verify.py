@@ -42,8 +42,8 @@ from pathlib import Path
 
 import yaml
 
-from ds4deploy.docs_section import write_section
-from ds4deploy.verify import CHUNK, default_workers
+from ds4deploy.bench.docs_section import write_section
+from ds4deploy.model.verify import CHUNK, default_workers
 
 REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20

@@ -29,9 +29,9 @@ from pathlib import Path
 import httpx
 import yaml
 
-from ds4deploy.docs_section import write_section
-from ds4deploy.recipe import REPO_ROOT
-from ds4deploy.secrets import parse_env_file
+from ds4deploy.bench.docs_section import write_section
+from ds4deploy.operate.key_file import parse_env_file
+from ds4deploy.recipe.paths import REPO_ROOT
 
 TWO = ("cpu-2node-tp", "ansible/inventories/two-node-local.yml")
 ONE = ("cpu", "ansible/inventories/local.yml")

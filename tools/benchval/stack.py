@@ -45,15 +45,16 @@ from pathlib import Path
 import httpx
 import openai
 
-from ds4deploy.docs_section import write_section
-from ds4deploy.engine_args import engine_env
-from ds4deploy.engine_venv import ensure_engine_venv
-from ds4deploy.errors import UserError
-from ds4deploy.image import LOCAL_BASE_IMAGE
-from ds4deploy.net import base_url
-from ds4deploy.recipe import REPO_ROOT, load_recipe
-from ds4deploy.render import COMPOSE_DIR, project_name
-from ds4deploy.secrets import read_api_key
+from ds4deploy.bench.docs_section import write_section
+from ds4deploy.build.engine_venv import ensure_engine_venv
+from ds4deploy.build.image import LOCAL_BASE_IMAGE
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.net import base_url
+from ds4deploy.engines.vllm import engine_env
+from ds4deploy.operate.key_file import read_api_key
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.render.compose import COMPOSE_DIR, project_name
 
 # Loopback port of the bare engine: any free port works; checked free before the start.
 BARE_PORT = 8100
@@ -290,7 +291,7 @@ def run_bench_stack(ns: argparse.Namespace) -> int:
     The recipe's supervisor service is stopped while the benchmark runs (it would take a paused container for a
     failure and restart the stack) and started again after it.
     """
-    from ds4deploy import supervisor_service
+    from ds4deploy.operate import service as supervisor_service
 
     recipe = load_recipe(ns.recipe)
     key = read_api_key(recipe)

@@ -53,13 +53,14 @@ import yaml
 
 from ds4deploy.bench import metrics as prom
 from ds4deploy.bench.aggregate import vllm_decode_tok_s
+from ds4deploy.bench.docs_section import write_section
 from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.run import STREAM_DISAGREE_LIMIT, check_server, read_key
-from ds4deploy.docs_section import write_section
-from ds4deploy.engine_venv import ensure_engine_venv
-from ds4deploy.errors import UserError
-from ds4deploy.net import base_url
-from ds4deploy.recipe import REPO_ROOT, load_recipe
+from ds4deploy.build.engine_venv import ensure_engine_venv
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.net import base_url
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
 from tools.benchval import wire
 
 MARK_BEGIN = "<!-- bench-trust:begin -->"

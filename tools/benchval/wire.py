@@ -32,7 +32,7 @@ from pathlib import Path
 
 import dpkt
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 
 # The salt of `ds4deploy.bench.prompts.salt`; in a JSON body it is plain ASCII, never escaped.
 TAG = re.compile(rb"\[bench ([0-9a-f]+) #(\d{6})\]")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.gids import parse_show_gids, read_gid_table, roce_v2_gid_index
 from tests.unit.parsers._fixtures import SYSFS, einval_reader, fixture_text
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.ib_write_bw import parse_ib_write_bw
 from tests.unit.parsers._fixtures import fixture_text
 

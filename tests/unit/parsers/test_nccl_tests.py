@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.nccl_tests import NcclRow, parse_nccl_tests
 from tests.unit.parsers._fixtures import fixture_text
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ds4deploy.errors import UserError
+from ds4deploy.core.errors import UserError
 from ds4deploy.parsers.rdma_link import RdmaLink, parse_ibdev2netdev, parse_rdma_link_text
 from tests.unit.parsers._fixtures import fixture_text
 

@@ -1,0 +1,379 @@
+"""Image artifacts: files an engine image build downloads (a wheel from a release page, a pinned tarball), locked by
+sha256 once and verified on every build.
+
+Which artifacts a build downloads is read from the image's own Dockerfile, merged with the recipe's
+``engine.image.build_args`` (the recipe overrides a default, as ``docker build --build-arg`` does): every
+``ARG <NAME>_SHA256`` declares artifact ``<NAME>``, whose file name is ``<NAME>_WHEEL`` (or ``<NAME>_FILE``) and
+whose default download URL is ``<NAME>_URL/<file>``. images/sm86/Dockerfile declares ``LVLLMDS4X`` (the Lvllmds4-x
+wheel) this way, and checks the wheel against ``LVLLMDS4X_SHA256`` with ``sha256sum -c`` before installing it.
+
+`ds4deploy image lock <recipe>` (`lock_image`) takes each artifact from its default URL or from what the user passes
+(``--artifact NAME=URL|PATH``: a mirror, or a file copied by hand from a machine that can reach the release page),
+hashes it, keeps a copy in the cache (``<cache>/artifacts/<sha256>/<file>``, `ds4deploy.model.verify.cache_dir`) and
+writes ``recipes/<name>.lock.json`` beside the recipe, which the user commits::
+
+    {"recipe": "rtx3090x2-xeon-ds4-flash", "image": "sm86",
+     "artifacts": {"LVLLMDS4X": {"file": "lvllmds4_x-2.3.8-...whl", "url": "https://...", "size": 123,
+                                 "sha256": "..."}}}
+
+Builds (`locked_files`, `locked_build_args`, used by `ds4deploy.build.image`) require the lock, place each artifact in the
+build context's ``wheelhouse/`` only after its sha256 matched the lock (from the cache, a wheel directory, or a fresh
+download from the locked URL), and pass the locked sha256 as the ``<NAME>_SHA256`` build argument, so the
+Dockerfile verifies the same digest again. A lock that disagrees with the artifact stops the build, naming both
+digests; no lock stops it with the command that creates one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ds4deploy.recipe import paths as recipe_paths
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.recipe.schema import Recipe
+
+IMAGES_DIR = REPO_ROOT / "images"
+# Seconds without a byte before a download is given up (httpx read timeout); connecting gets the same.
+DOWNLOAD_TIMEOUT_S = 60
+CHUNK = 1 << 20  # bytes per read while downloading and hashing
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One downloaded file of an image build.
+
+    Attributes:
+        name: the build-arg prefix, e.g. ``LVLLMDS4X``.
+        file: the file name the build expects in its context's ``wheelhouse/``.
+        url: where it is downloaded from by default (``<NAME>_URL/<file>``).
+    """
+
+    name: str
+    file: str
+    url: str
+
+    @property
+    def sha_arg(self) -> str:
+        """The build argument that carries its sha256, e.g. ``LVLLMDS4X_SHA256``."""
+        return f"{self.name}_SHA256"
+
+
+_ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
+
+
+def dockerfile_args(path: Path) -> dict[str, str]:
+    """Every ``ARG NAME[=default]`` of a Dockerfile, ``{NAME: default}`` (empty string without a default; quotes
+    around a default removed). The first declaration of a name wins, as a build arg is declared once per stage."""
+    out: dict[str, str] = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        m = _ARG.match(line)
+        if m:
+            out.setdefault(m.group(1), (m.group(2) or "").strip().strip("\"'"))
+    return out
+
+
+def image_artifacts(recipe: Recipe) -> list[Artifact]:
+    """The artifacts the recipe's image build downloads (module docstring), sorted by name.
+
+    Raises:
+        UserError: the Dockerfile declares ``<NAME>_SHA256`` without the file name or URL arguments that go with it.
+    """
+    dockerfile = IMAGES_DIR / recipe.engine.image.arch / "Dockerfile"
+    if not dockerfile.is_file():
+        return []
+    args = {**dockerfile_args(dockerfile), **recipe.image_build_args}
+    out = []
+    for key in sorted(k for k in args if k.endswith("_SHA256")):
+        name = key.removesuffix("_SHA256")
+        file = args.get(f"{name}_WHEEL") or args.get(f"{name}_FILE")
+        base = args.get(f"{name}_URL")
+        if not file or not base:
+            raise UserError(f"{dockerfile.relative_to(REPO_ROOT)} declares {key} but not {name}_WHEEL (or {name}_FILE) "
+                            f"and {name}_URL, so the artifact it checks has no file name or download URL",
+                            f"declare ARG {name}_WHEEL and ARG {name}_URL (or set them in engine.image.build_args)")
+        out.append(Artifact(name, file, f"{base.rstrip('/')}/{file}"))
+    return out
+
+
+def lock_path(recipe: Recipe) -> Path:
+    """Where the recipe's artifact lock lives: ``recipes/<name>.lock.json``."""
+    return recipe_paths.RECIPES_DIR / f"{recipe.base_name}.lock.json"
+
+
+def cached_path(sha256: str, file: str) -> Path:
+    """The cache's copy of an artifact: ``<cache>/artifacts/<sha256>/<file>`` (content-addressed: one digest, one
+    file)."""
+    from ds4deploy.model.verify import cache_dir
+
+    return cache_dir() / "artifacts" / sha256 / file
+
+
+def load_lock(recipe: Recipe) -> dict | None:
+    """The committed lock, or None when there is none.
+
+    Raises:
+        UserError: the lock is not valid JSON or lacks its ``artifacts`` mapping.
+    """
+    path = lock_path(recipe)
+    if not path.is_file():
+        return None
+    try:
+        lock = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc}",
+                        f"delete it and run `ds4deploy image lock {recipe.base_name}`") from None
+    if not isinstance(lock, dict) or not isinstance(lock.get("artifacts"), dict):
+        raise UserError(f"{path} has no artifacts mapping",
+                        f"delete it and run `ds4deploy image lock {recipe.base_name}`")
+    return lock
+
+
+def _sha256(path: Path) -> str:
+    from ds4deploy.model.verify import hash_path
+
+    return hash_path(path, "sha256")
+
+
+def _http_reason(exc: Exception) -> str:
+    """Why an httpx request failed, for a message: ``HTTP <status>`` or the transport error's text."""
+    import httpx
+
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return str(exc) or type(exc).__name__
+
+
+def _download(url: str, into: Path, name: str) -> str:
+    """Download `url` to `into` (via a temporary file in the same directory), hashing while it streams; `name` is
+    the artifact's name, for the fix.
+
+    Returns:
+        The hex sha256 of the bytes written.
+    Raises:
+        UserError: the URL cannot be reached, answers with an error status, or the file cannot be written.
+    """
+    import httpx
+
+    into.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=into.parent)
+    h = hashlib.sha256()
+    try:
+        with os.fdopen(fd, "wb") as out, httpx.stream("GET", url, follow_redirects=True,
+                                                     timeout=DOWNLOAD_TIMEOUT_S) as resp:
+            resp.raise_for_status()
+            for chunk in resp.iter_bytes(CHUNK):
+                h.update(chunk)
+                out.write(chunk)
+        os.replace(tmp, into)
+    except httpx.HTTPError as exc:
+        reason = _http_reason(exc)
+        raise UserError(f"could not download {url}: {reason}",
+                        f"download it where the URL is reachable and pass the file with --artifact {name}=PATH (or a "
+                        f"reachable mirror with --artifact {name}=URL; https_proxy is honoured)") from None
+    except OSError as exc:
+        raise UserError(f"could not write {into}: {exc.strerror or exc}", f"make {into.parent} writable") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return h.hexdigest()
+
+
+def _is_url(source: str) -> bool:
+    return source.startswith(("http://", "https://"))
+
+
+def _obtain(art: Artifact, source: str) -> tuple[str, int]:
+    """Hash the artifact from `source` (URL or local file) and keep a copy in the cache. Returns (sha256, size)."""
+    if _is_url(source):
+        tmp = cached_path("incoming", art.file)
+        sha = _download(source, tmp, art.name)
+    else:
+        src = Path(source)
+        if not src.is_file():
+            raise UserError(f"{art.name}: {src} is not a file on this host",
+                            f"pass the downloaded {art.file} (--artifact {art.name}=PATH) or its URL")
+        sha = _sha256(src)
+        tmp = cached_path("incoming", art.file)
+        tmp.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(src, tmp)
+        if _sha256(tmp) != sha:
+            tmp.unlink(missing_ok=True)
+            raise UserError(f"{src} changed while it was copied into the cache", "run the lock again")
+    final = cached_path(sha, art.file)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(tmp, final)
+    return sha, final.stat().st_size
+
+
+def parse_sources(values: list[str], arts: list[Artifact]) -> dict[str, str]:
+    """``NAME=URL|PATH`` options as ``{NAME: source}``.
+
+    Raises:
+        UserError: a value without ``=``, or a name the image build does not download.
+    """
+    known = {a.name for a in arts}
+    out = {}
+    for v in values:
+        name, sep, source = v.partition("=")
+        if not sep or not source:
+            raise UserError(f"--artifact {v!r} is not NAME=URL or NAME=PATH", "e.g. --artifact LVLLMDS4X=./x.whl")
+        if name not in known:
+            raise UserError(f"--artifact names {name}, which this image build does not download",
+                            f"use one of: {', '.join(sorted(known)) or '(none)'}")
+        out[name] = source
+    return out
+
+
+def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, bool]:
+    """Resolve every artifact of the recipe's image build, hash it and record the lock (module docstring).
+
+    Args:
+        sources: ``{NAME: URL or local path}`` overriding an artifact's default URL.
+    Returns:
+        ``(lock, path, written)``; `written` is False when the committed lock already recorded the same digests.
+    Raises:
+        UserError: the image downloads nothing; a source that cannot be read or reached; code 1 when a committed
+            lock disagrees with the artifact (both digests named; the lock is left as it is).
+    """
+    arts = image_artifacts(recipe)
+    path = lock_path(recipe)
+    if not arts:
+        raise UserError(f"the {recipe.engine.image.arch} image build of '{recipe.name}' downloads no artifact that "
+                        "needs a lock (no ARG <NAME>_SHA256 in its Dockerfile)", "nothing to lock")
+    committed = load_lock(recipe)
+    entries = {}
+    for art in arts:
+        source = sources.get(art.name, art.url)
+        sha, size = _obtain(art, source)
+        entries[art.name] = {"file": art.file, "url": source if _is_url(source) else art.url, "size": size,
+                             "sha256": sha}
+    lock = {"recipe": recipe.base_name, "image": recipe.engine.image.arch, "artifacts": entries}
+    if committed is not None:
+        diff = [f"{n}: {e['file']} has sha256 {e['sha256']}, {path.name} says "
+                f"{committed['artifacts'].get(n, {}).get('sha256')} ({committed['artifacts'].get(n, {}).get('file')})"
+                for n, e in entries.items()
+                if (committed["artifacts"].get(n) or {}).get("sha256") != e["sha256"]
+                or committed["artifacts"][n].get("file") != e["file"]]
+        if not diff:
+            return committed, path, False
+        raise UserError(f"{path} disagrees with the artifact; the committed lock wins and was left as it is:\n  "
+                        + "\n  ".join(diff),
+                        f"if the artifact changed on purpose (a new release), delete {path.name}, lock again and "
+                        "review the diff before committing; otherwise pass the artifact the lock records", code=1)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return lock, path, True
+
+
+def _locked_entries(recipe: Recipe) -> list[tuple[Artifact, dict]]:
+    """Each artifact with its lock entry, checked for presence and agreement with the recipe.
+
+    Raises:
+        UserError: no lock; an artifact missing from the lock or locked under another file name; a recipe
+            ``<NAME>_SHA256`` build argument that differs from the lock.
+    """
+    arts = image_artifacts(recipe)
+    if not arts:
+        return []
+    path = lock_path(recipe)
+    lock = load_lock(recipe)
+    names = ", ".join(f"{a.name} ({a.file})" for a in arts)
+    fix = (f"run `ds4deploy image lock {recipe.base_name}` (add --artifact {arts[0].name}=PATH|URL when "
+           f"{arts[0].url} is unreachable from here) and commit {path.name}")
+    if lock is None:
+        raise UserError(f"{path} is missing: the {recipe.engine.image.arch} image build downloads {names} and has no "
+                        "sha256 to check it against", fix)
+    out = []
+    for art in arts:
+        entry = lock["artifacts"].get(art.name)
+        if not isinstance(entry, dict) or entry.get("file") != art.file or not re.fullmatch(r"[0-9a-f]{64}",
+                                                                                               str(entry.get("sha256"))):
+            raise UserError(f"{path.name} does not lock {art.name} as {art.file} (it records "
+                            f"{(entry or {}).get('file')!r})", f"delete {path.name}, then {fix}")
+        pinned = recipe.engine.image.build_args.get(art.sha_arg)
+        if pinned and pinned != entry["sha256"]:
+            raise UserError(f"recipe '{recipe.name}' sets {art.sha_arg}={pinned} but {path.name} locks "
+                            f"{entry['sha256']}", f"remove {art.sha_arg} from engine.image.build_args (the lock "
+                            "carries it), or lock the artifact the recipe names")
+        out.append((art, entry))
+    return out
+
+
+def locked_build_args(recipe: Recipe) -> dict[str, str]:
+    """``{<NAME>_SHA256: locked sha256}`` for every artifact of the recipe's image build (no hashing, no network).
+
+    Raises:
+        UserError: see `_locked_entries`.
+    """
+    return {art.sha_arg: entry["sha256"] for art, entry in _locked_entries(recipe)}
+
+
+def check_obtainable(recipe: Recipe, wheel_dirs: list[Path]) -> None:
+    """The control-host check a deploy runs before any node is changed: every locked artifact is at hand (in the
+    cache or a wheel directory, as `locked_files` looks for it) or its locked URL answers. Nothing is downloaded or
+    hashed here; the build context hashes every file against the lock (`locked_files`).
+
+    Args:
+        recipe: the recipe.
+        wheel_dirs: wheel directories the build context searches (`ds4deploy.build.image.default_wheel_dirs`).
+
+    Raises:
+        UserError: no or inconsistent lock (`_locked_entries`); an artifact with no local copy whose URL cannot be
+            reached or answers with an error status (the URL and the reason named).
+    """
+    import httpx
+
+    for art, entry in _locked_entries(recipe):
+        local = [cached_path(entry["sha256"], art.file)] + [d / art.file for d in wheel_dirs]
+        if any(p.is_file() for p in local):
+            continue
+        try:
+            # GET, not HEAD (some release hosts refuse HEAD); only the status line is read.
+            with httpx.stream("GET", entry["url"], follow_redirects=True, timeout=DOWNLOAD_TIMEOUT_S) as resp:
+                resp.raise_for_status()
+        except httpx.HTTPError as exc:
+            reason = _http_reason(exc)
+            raise UserError(f"{art.name}: {entry['url']} (locked in {lock_path(recipe).name}) cannot be fetched: "
+                            f"{reason}; the image build needs it and no copy is in the cache or a wheel directory",
+                            f"copy {art.file} to this host and put it in the cache with `ds4deploy image lock "
+                            f"{recipe.base_name} --artifact {art.name}=PATH` (the lock then stays as it is when the "
+                            "file matches), or make the URL reachable (https_proxy is honoured)") from None
+
+
+def locked_files(recipe: Recipe, wheel_dirs: list[Path]) -> dict[str, Path]:
+    """Every artifact of the recipe's image build as a local file whose sha256 matches the lock: from the cache,
+    else a wheel directory, else downloaded from the locked URL into the cache.
+
+    Returns:
+        ``{file name in the build context: local path}``.
+    Raises:
+        UserError: no or inconsistent lock (`_locked_entries`); code 1 when a local copy or the download differs
+            from the lock (path and both digests named, nothing placed); no local copy and the URL unreachable.
+    """
+    out = {}
+    for art, entry in _locked_entries(recipe):
+        want = entry["sha256"]
+        cached = cached_path(want, art.file)
+        candidates = [cached] + [d / art.file for d in wheel_dirs]
+        found = next((p for p in candidates if p.is_file()), None)
+        if found is None:
+            got = _download(entry["url"], cached, art.name)
+            found = cached
+        else:
+            got = _sha256(found)
+        if got != want:
+            if found == cached:
+                cached.unlink(missing_ok=True)
+            raise UserError(f"{art.name}: {found} has sha256 {got}, but {lock_path(recipe).name} locks {want}; the "
+                            "build was not started", f"remove {found} (a corrupted or different {art.file}) and build "
+                            f"again, or, if the artifact changed on purpose, delete {lock_path(recipe).name} and run "
+                            f"`ds4deploy image lock {recipe.base_name}`", code=1)
+        out[art.file] = found
+    return out

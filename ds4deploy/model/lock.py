@@ -1,0 +1,167 @@
+"""Locking a recipe's model: build its manifest once from the model's own source and record it beside the recipe.
+
+`ds4deploy model lock <recipe>` (and the deploy's first `model stage` when no manifest is committed) writes
+``recipes/<name>.manifest.json``, which the user commits; from then on the committed manifest wins:
+every later fetch, copy and node check is verified against it, and a source that disagrees with it stops.
+
+Where a manifest comes from, per ``model.source``:
+
+- ``hub``: the hub's own per-file metadata at the full commit the pin resolves to (`ds4deploy.model.hub.hub_manifest`):
+  the LFS sha256 of large files, the git blob sha1 of small ones, every size. Nothing is downloaded.
+- ``local``: a file or a directory the user names (``--from``), e.g. a GGUF split into several ``.gguf`` parts:
+  every regular file under it (hidden names left out) is hashed with sha256, in parallel, with a progress bar.
+- ``generated``: the deterministic tiny checkpoint's bytes (`ds4deploy.model.tiny.files`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ds4deploy.core.errors import UserError
+from ds4deploy.model.manifest import check_manifest, manifest_of_files, manifest_path
+from ds4deploy.recipe.schema import Recipe
+
+
+def local_files(src: Path) -> tuple[Path, list[str]]:
+    """The model files a local source names: ``(directory, names relative to it)``.
+
+    A file names itself (its directory, ``[its name]``); a directory names every regular file below it whose path
+    has no hidden component (``.cache``, a staging directory, ``.git``).
+
+    Raises:
+        UserError: `src` does not exist, or is a directory with no files.
+    """
+    src = Path(os.path.abspath(src))
+    if src.is_file():
+        return src.parent, [src.name]
+    if not src.is_dir():
+        raise UserError(f"model source {src} does not exist on this host",
+                        "pass the GGUF file (or the directory of its parts) as it is on this host")
+    names = sorted(str(p.relative_to(src)) for p in src.rglob("*")
+                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts))
+    if not names:
+        raise UserError(f"model source {src} holds no files", "pass the directory that holds the model's files")
+    return src, names
+
+
+def local_manifest(recipe: Recipe, src: Path, progress: bool | None = None) -> dict:
+    """Manifest of a local model: sha256 and size (bytes) of every file `local_files(src)` names, hashed in
+    parallel (`ds4deploy.model.verify.default_workers` threads) with a byte progress bar on stderr.
+
+    Raises:
+        UserError: see `local_files`; a file that cannot be read.
+    """
+    from ds4deploy.model.verify import byte_progress, default_workers, hash_path
+
+    root, names = local_files(src)
+    sizes = {n: (root / n).stat().st_size for n in names}
+    with byte_progress(f"hashing {root.name}", progress) as (on_total, on_bytes):
+        on_total(sum(sizes.values()))
+        order = sorted(names, key=lambda n: -sizes[n])  # largest first: the last files do not leave cores idle
+        try:
+            with ThreadPoolExecutor(max_workers=max(1, min(default_workers(), len(order)))) as pool:
+                digests = dict(zip(order, pool.map(lambda n: hash_path(root / n, "sha256", on_bytes), order),
+                                   strict=True))
+        except OSError as exc:
+            raise UserError(f"could not read {exc.filename or root}: {exc.strerror or exc}",
+                            "make the model files readable by this user") from None
+    return {"recipe": recipe.base_name, "source": "local",
+            "files": {n: {"size": sizes[n], "sha256": digests[n]} for n in names}}
+
+
+def build_manifest(recipe: Recipe, src: Path | None = None, progress: bool | None = None) -> dict:
+    """The manifest of the recipe's model from its own source (module docstring).
+
+    Args:
+        recipe: any recipe.
+        src: for ``source: local``, the file or directory holding the model on this host (required there).
+        progress: show a progress bar while hashing a local model (default: when stderr is a terminal).
+    Raises:
+        UserError: a local model without `src`; hub errors (`ds4deploy.model.hub.hub_manifest`); unreadable files.
+    """
+    source = recipe.model.source
+    if source == "hub":
+        from ds4deploy.model.hub import hub_manifest
+
+        return hub_manifest(recipe)
+    if source == "local":
+        if src is None:
+            raise UserError(f"recipe '{recipe.name}' uses a local model and no manifest records it "
+                            f"({manifest_path(recipe)} is missing)",
+                            f"run `ds4deploy model lock {recipe.base_name} --from PATH` with the model's file or "
+                            "directory on this host (or `make deploy ... MODEL_FROM=PATH`), then commit the manifest")
+        return local_manifest(recipe, src, progress)
+    from ds4deploy.model.tiny import files, generator_spec
+
+    return manifest_of_files(recipe, files(generator_spec(recipe)))
+
+
+def differences(committed: dict, built: dict) -> list[str]:
+    """One line per way `built` differs from `committed`: the commit, then each file added, removed, resized or
+    of another digest. Empty when they describe the same model."""
+    lines = []
+    if committed.get("revision") != built.get("revision"):
+        lines.append(f"commit: manifest {committed.get('revision')}, source {built.get('revision')}")
+    old, new = committed.get("files", {}), built.get("files", {})
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a is None:
+            lines.append(f"{name}: not in the manifest")
+        elif b is None:
+            lines.append(f"{name}: in the manifest, not in the source")
+        elif a.get("size") != b.get("size"):
+            lines.append(f"{name}: size {b.get('size')} bytes, manifest says {a.get('size')}")
+        else:
+            kind = next((k for k in ("sha256", "git_sha1") if a.get(k) and b.get(k)), None)
+            if kind is None or a[kind] != b[kind]:
+                lines.append(f"{name}: {kind or 'digest'} {b.get(kind or 'sha256')}, manifest says "
+                             f"{a.get(kind or 'sha256')}")
+    return lines
+
+
+def write_manifest(recipe: Recipe, manifest: dict) -> Path:
+    """Write `manifest` to ``recipes/<name>.manifest.json`` (temporary file + rename: never half-written).
+
+    Raises:
+        UserError: the manifest is malformed (`check_manifest`), or the recipes directory is not writable.
+    """
+    path = manifest_path(recipe)
+    check_manifest(manifest, path.name)
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write {path}: {exc.strerror or exc}",
+                        f"make {path.parent} writable and run again") from None
+    return path
+
+
+def lock_model(recipe: Recipe, src: Path | None = None, progress: bool | None = None) -> tuple[dict, Path, bool]:
+    """Build the manifest from the model's source and record it, unless a committed one already says the same.
+
+    Returns:
+        ``(manifest, path, written)``: `written` is False when the committed manifest already matched.
+    Raises:
+        UserError: code 1 when a committed manifest disagrees with the source (each difference named; the
+            committed manifest wins and is left as it is); the errors of `build_manifest`.
+    """
+    from ds4deploy.model.manifest import load_manifest
+
+    path = manifest_path(recipe)
+    built = build_manifest(recipe, src, progress)
+    if path.is_file():
+        committed = load_manifest(recipe)
+        diff = differences(committed, built)
+        if diff:
+            raise UserError(f"{path} disagrees with the model's source; the committed manifest wins and was left "
+                            "as it is:\n  " + "\n  ".join(diff[:20]),
+                            f"if the source changed on purpose, delete {path.name}, lock again and review the diff "
+                            "before committing; otherwise point the recipe (or --from) at the model it records",
+                            code=1)
+        return committed, path, False
+    return built, write_manifest(recipe, built), True

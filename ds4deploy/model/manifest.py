@@ -1,0 +1,117 @@
+"""Model manifests: the exact files a recipe's model consists of, and verification of a model directory.
+
+A manifest is JSON committed next to the recipe (``recipes/<name>.manifest.json``)::
+
+    {"recipe": "cpu", "source": "generated", "files": {"config.json": {"size": 843, "sha256": "..."}, ...}}
+
+Sizes are bytes. Each file carries ``sha256`` or, for small files of a hub repository whose metadata records only
+their git object id, ``git_sha1`` (sha1 of ``b"blob <size>\0" + content``, as git computes it).
+Hub manifests also record ``repo_id`` and ``revision``, the full 40-hex commit the recipe's pin resolves to
+(`ds4deploy.model.hub.hub_manifest`); `ds4deploy.model.fetch` downloads exactly that commit. ``source: local``
+manifests list the
+sha256 of the user's own files. `ds4deploy.model.lock` builds and records manifests (`ds4deploy model lock`).
+`verify_dir` re-hashes every listed file (in parallel, `ds4deploy.model.verify`); any missing, wrong-size or different
+file fails. `check_manifest` refuses a manifest whose shape or file names are unsafe before anything is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from pathlib import Path, PurePosixPath
+
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe import paths as recipe_paths
+from ds4deploy.recipe.schema import Recipe
+
+
+def manifest_path(recipe: Recipe) -> Path:
+    """Where the recipe's committed manifest lives."""
+    return recipe_paths.RECIPES_DIR / f"{recipe.base_name}.manifest.json"
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 1 MiB chunks."""
+    from ds4deploy.model.verify import hash_path
+
+    return hash_path(path, "sha256")
+
+
+def manifest_of_files(recipe: Recipe, files: dict[str, bytes]) -> dict:
+    """Manifest dict for in-memory file contents (used for the deterministic generated model)."""
+    return {
+        "recipe": recipe.name,
+        "source": recipe.model.source,
+        "files": {
+            name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+            for name, data in sorted(files.items())
+        },
+    }
+
+
+def load_manifest(recipe: Recipe) -> dict:
+    """Read the committed manifest.
+
+    Raises:
+        UserError: no manifest is committed for the recipe.
+    """
+    path = manifest_path(recipe)
+    if not path.is_file():
+        raise UserError(
+            f"no model manifest for recipe '{recipe.name}' ({path} is missing)",
+            f"create it with `ds4deploy model lock {recipe.base_name}` (local models: add --from PATH) and commit it",
+        )
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise UserError(f"{path} is not valid JSON: {exc}",
+                        f"rebuild it: delete it and run `ds4deploy model lock {recipe.base_name}`") from None
+    check_manifest(manifest, str(path))
+    return manifest
+
+
+_HEX = {"sha256": re.compile(r"^[0-9a-f]{64}$"), "git_sha1": re.compile(r"^[0-9a-f]{40}$")}
+FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+
+
+def check_manifest(manifest: dict, where: str = "the manifest") -> None:
+    """Refuse a manifest that cannot be trusted to name files: every entry needs an integer ``size`` >= 0 and a
+    ``sha256`` (64 hex) or ``git_sha1`` (40 hex), and every name must be a plain relative POSIX path (no ``..``,
+    no absolute path, no backslash), since fetch writes each name under the model directory.
+
+    Raises:
+        UserError: naming the first bad entry.
+    """
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise UserError(f"{where} lists no files", "rebuild it: delete it and run `ds4deploy model lock <recipe>`")
+    for name, entry in files.items():
+        parts = PurePosixPath(name).parts
+        if (not name or name.startswith("/") or "\\" in name or any(p in ("..", ".") for p in parts)
+                or name != str(PurePosixPath(name))):
+            raise UserError(f"{where} names an unsafe path {name!r}",
+                            "file names must be relative paths inside the model directory")
+        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or entry["size"] < 0:
+            raise UserError(f"{where}: {name} has no integer size", "rebuild the manifest")
+        kinds = [k for k in ("sha256", "git_sha1") if entry.get(k)]
+        if not kinds or not _HEX[kinds[0]].match(str(entry[kinds[0]])):
+            raise UserError(f"{where}: {name} has no valid sha256 (64 hex) or git_sha1 (40 hex)",
+                            "rebuild the manifest")
+
+
+def verify_dir(model_dir: Path, manifest: dict) -> list[str]:
+    """Compare a model directory with a manifest, re-hashing every file (no sidecar), in parallel.
+
+    Returns:
+        One line per problem (missing file, wrong size, wrong sha256/git sha1 with both digests); empty when the
+        directory matches.
+    """
+    from ds4deploy.model.verify import verify_model
+
+    return verify_model(model_dir, manifest, full=True, use_sidecar=False).problems()
+
+
+def sha256_map(model_dir: Path, manifest: dict) -> dict[str, str]:
+    """sha256 of every manifest file in a verified directory: what each node's copy is checked against."""
+    return {name: (want.get("sha256") or sha256_file(model_dir / name)) for name, want in manifest["files"].items()}

@@ -1,0 +1,148 @@
+"""Model staging: put a recipe's model files into a directory on the control host and check them against the
+recipe's committed manifest, before anything copies them to the nodes.
+
+A recipe's ``model.source`` says where the files come from: ``generated`` (the tiny test checkpoint,
+`ds4deploy.model.tiny`), ``hub`` (the pinned revision, `ds4deploy.model.fetch.fetch_model`), or ``local`` (placed on the
+nodes by hand; nothing to stage). `ds4deploy model stage` (the deploy's staging step) and `ds4deploy bundle create`
+(the air-gapped bundle) both use `obtain`; `stage` adds the check and the sha256 of every file.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ds4deploy.core.errors import UserError
+from ds4deploy.model.tiny import generator_spec
+from ds4deploy.recipe.model_config import check_staged
+from ds4deploy.recipe.schema import Recipe
+
+
+def _require_pinned(recipe: Recipe) -> None:
+    if recipe.model.source == "local":
+        raise UserError(
+            f"recipe '{recipe.name}' uses model.source 'local': there is no pinned model to stage or bundle",
+            f"pin the model (model.source: hub, repo_id, revision), or place the files in {recipe.model.path} on "
+            f"every node and start the rendered stack with docker compose (compose/{recipe.name}/)",
+        )
+
+
+def check_source(recipe: Recipe, model_from: Path | None = None) -> None:
+    """The model can be staged the way `ds4deploy model stage` stages it, checked without fetching or hashing
+    anything (the deploy runs this on the control host before any node is read or changed, and `ds4deploy
+    preflight` runs it too).
+
+    Args:
+        recipe: the recipe.
+        model_from: ``MODEL_FROM`` / ``--from``: a local model's file or directory on the control host, or None.
+
+    Raises:
+        UserError: `model_from` for a recipe whose model is not local; `model_from` missing or empty on this host;
+            a local model with neither `model_from` nor a committed manifest (nothing says what the nodes' copies
+            must hold); a committed manifest that cannot be read.
+    """
+    from ds4deploy.model.manifest import load_manifest, manifest_path
+
+    if model_from is not None:
+        if recipe.model.source != "local":
+            raise UserError(f"--from names a local model's files, but recipe '{recipe.name}' has model.source "
+                            f"'{recipe.model.source}'", "leave out --from (MODEL_FROM=)")
+        from ds4deploy.model.lock import local_files
+
+        local_files(model_from)
+    if manifest_path(recipe).is_file() or (recipe.model.source == "local" and model_from is None):
+        manifest = load_manifest(recipe)  # a local model without one: names `model lock --from` as the fix
+        if recipe.model.source == "local":
+            local_sha256(recipe, manifest)
+
+
+def local_sha256(recipe: Recipe, manifest: dict) -> dict[str, str]:
+    """A local model's file -> sha256 from its manifest: what every node's copy is checked against.
+
+    Raises:
+        UserError: an entry without sha256 (a git blob sha1 cannot check a file on a node).
+    """
+    from ds4deploy.model.manifest import manifest_path
+
+    no_sha = [n for n, f in manifest["files"].items() if not f.get("sha256")]
+    if no_sha:
+        raise UserError(f"{manifest_path(recipe).name} records no sha256 for {', '.join(no_sha[:5])}: a local "
+                        "model's files are checked on each node by sha256",
+                        f"delete it and run `ds4deploy model lock {recipe.base_name} --from PATH`")
+    return {n: f["sha256"] for n, f in manifest["files"].items()}
+
+
+def obtain(recipe: Recipe, dest: Path, manifest: dict | None = None) -> None:
+    """Generate (``generated``) or fetch (``hub``, only files that do not match `manifest` are downloaded) the
+    recipe's model into `dest`.
+
+    Raises:
+        UserError: ``model.source: local`` (there is no pinned model to stage); generator or fetch errors.
+    """
+    _require_pinned(recipe)
+    if recipe.model.source == "generated":
+        from ds4deploy.model.tiny import generate
+
+        generate(dest, generator_spec(recipe))
+    else:
+        from ds4deploy.model.fetch import fetch_model
+
+        fetch_model(recipe, dest, manifest)
+
+
+def _copy(src: Path, dest: Path, manifest: dict) -> None:
+    """Copy the manifest's files from `src` into `dest` (each through a ``.ds4-partial`` file, then renamed)."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in manifest["files"]:
+        if not (src / name).is_file():
+            raise UserError(f"{src} has no model file {name}", "make a new bundle")
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest / (name + ".ds4-partial")
+        shutil.copyfile(src / name, tmp)
+        tmp.replace(dest / name)
+
+
+def stage(recipe: Recipe, dest: Path, copy_from: Path | None = None) -> dict:
+    """Stage the recipe's model into `dest` and verify it against the committed manifest.
+
+    Args:
+        recipe: a recipe with a pinned model (``generated`` or ``hub``).
+        dest: the staging directory on the control host.
+        copy_from: a bundle's model directory (`ds4deploy.plan.bundle`): copy the files from there instead of
+            generating or fetching them (offline), and re-hash every file (no sidecar) to check them.
+    Files already matching in `dest` are not fetched or copied again (the generator rewrites only changed files).
+
+    Returns:
+        ``{"changed": bool, "dest": str, "sha256": {file: hex}}`` (what the nodes' copies are checked against).
+    Raises:
+        UserError: ``model.source: local`` or a file missing from `copy_from` (code 2); the staged files do not
+            match the manifest (code 1); the recipe asks for more than the model's config.json allows
+            (`ds4deploy.recipe.model_config.check_staged`).
+    """
+    from ds4deploy.model.manifest import load_manifest, manifest_path, sha256_map, verify_dir
+    from ds4deploy.model.verify import verify_model
+
+    _require_pinned(recipe)
+    manifest = load_manifest(recipe)
+
+    def problems() -> list[str]:
+        if copy_from is not None:
+            return verify_dir(dest, manifest)
+        return verify_model(dest, manifest).problems()
+
+    before = problems() if dest.is_dir() else ["absent"]
+    if copy_from is not None:
+        if before:
+            _copy(copy_from, dest, manifest)
+    elif recipe.model.source != "hub" or before:
+        obtain(recipe, dest, manifest)
+    after = problems()
+    if after:
+        fix = (f"delete {dest} and verify the bundle (`ds4deploy bundle verify`)" if copy_from is not None else
+               f"if the recipe's model changed on purpose, rebuild the manifest (delete it and run `ds4deploy model "
+               f"lock {recipe.base_name}`); otherwise delete {dest} and deploy again")
+        raise UserError(f"the staged model in {dest} does not match {manifest_path(recipe).name}:\n  "
+                        + "\n  ".join(after), fix, code=1)
+    check_staged(recipe, dest)  # the limits the model's own config.json sets (native context)
+    return {"changed": bool(before), "dest": str(dest), "sha256": sha256_map(dest, manifest)}

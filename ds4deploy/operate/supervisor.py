@@ -1,0 +1,308 @@
+"""Supervise a deployed recipe: detect a dead, unhealthy or wedged node group and restart it whole, in order.
+
+Why a supervisor of our own, on the control host, and not Docker's restart policy or one systemd unit per node:
+a multi-node engine only recovers when the whole group restarts in the proven order (stop the head, stop the
+workers, start the workers, start the head). A worker restarted under a running head tears down the head's
+rendezvous; a restart policy sees one container and restarts it alone, forever (docs/sources.md#worker-restart;
+docs/multinode-cpu.md measured the same on the CPU build). The order lives in the playbooks (ansible/restart.yml),
+so the supervisor only decides *when* and runs that playbook; it never starts containers itself. Run it as a
+service on the control host (`ds4deploy supervise <recipe> --inventory ...`; e.g. a systemd unit with
+Restart=on-failure) or in the foreground.
+
+What counts as a failure, checked every `interval_s`:
+
+- ``engine-down``: a node's engine container is not running (exited, killed, removed);
+- ``unhealthy``: the head's GET /health fails or is not 200 `failures_to_restart` times in a row;
+- ``wedged``: /health answers but a one-token completion (the progress probe, every `probe_every_s`) gets no answer
+  within `probe_timeout_s`: the "API up, pair stuck" state of an NCCL timeout (docs/sources.md#nccl-timeout-wedge).
+
+Restarts back off exponentially (`backoff_s` doubling up to `backoff_max_s`) and stop after `max_restarts` within
+`window_s`: the supervisor then records ``gave-up`` and exits 3, so whatever runs it can alert a human. Every event
+is one JSON line in the journal (default /var/lib/ds4deploy/supervise/<recipe>.jsonl): time, event, reason,
+details, restart duration and outcome. Before every restart the supervisor saves every node's logs and container
+states (`ds4deploy.operate.incidents`); the ``failure`` and restart events name that incident folder and the earliest
+fatal
+line across the nodes.
+
+Start order across reboots and daemon restarts: the compose files of ordered stacks (several nodes, or replicas
+that share GPUs) carry ``restart: "no"`` (`ds4deploy.render.compose.restart_policy`), so the Docker daemon never starts
+their engines at once; after a reboot or a daemon restart the engines are down, the supervisor sees
+``engine-down`` and runs the ordered start. While a node's Docker daemon does not answer at all (the daemon is
+restarting, the host is rebooting or unreachable), nothing can be restarted there: the supervisor records
+``unreachable`` once, waits without spending its restart budget, records ``reachable`` when every node answers again,
+and only then judges the containers (a daemon restart counted as failed restarts used to exhaust the budget).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ds4deploy.core.errors import UserError
+from ds4deploy.operate.incidents import Incident, collect, docker_env, node_project
+from ds4deploy.operate.key_file import parse_env_file
+from ds4deploy.plan.nodes import Node, plan_from_inventory
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.recipe.schema import Recipe
+
+GAVE_UP_EXIT = 3
+UNKNOWN = "unknown"  # prefix of a node state when its Docker daemon did not answer (`Target.container_states`)
+
+
+@dataclass
+class Policy:
+    """Supervision timing. Seconds throughout.
+
+    Defaults: a 10 s check (the compose healthcheck interval, ds4deploy.render.compose.HEALTHCHECK), 2 misses before a
+    restart (one miss can be a GC pause), a progress probe every 30 s allowed 60 s (a one-token completion takes
+    milliseconds on an idle server and seconds on a loaded one), backoff 10 s doubling to 300 s, at most 5 restarts
+    per hour before a human must look.
+    """
+
+    interval_s: float = 10
+    failures_to_restart: int = 2
+    probe_every_s: float = 30
+    probe_timeout_s: float = 60
+    backoff_s: float = 10
+    backoff_max_s: float = 300
+    max_restarts: int = 5
+    window_s: float = 3600
+    restart_timeout_s: float = 3600
+
+
+@dataclass
+class Journal:
+    """Append-only JSON-lines record of what the supervisor saw and did."""
+
+    path: Path
+
+    def write(self, event: str, **fields) -> dict:
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "t": round(time.time(), 3),
+               "event": event, **fields}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec), flush=True)
+        return rec
+
+
+@dataclass
+class Target:
+    """What to watch: the head's API, every node's engine container, how to restart the group."""
+
+    recipe: Recipe
+    inventory: Path
+    nodes: list[Node]
+    url: str
+    key: str | None
+    hosts: dict[str, dict] = field(default_factory=dict)
+
+    def container_states(self) -> dict[str, str]:
+        """Node name -> state of its containers ("running" when all run, else the first other state: "exited",
+        "paused", "missing", ...): every engine replica and the front door count. ``"unknown (<why>)"`` when the
+        node's Docker daemon did not answer (daemon down or restarting, host unreachable).
+
+        Local nodes (ansible_connection: local) are asked through the local Docker daemon; remote ones through
+        ``DOCKER_HOST=ssh://<ansible_host>`` (Docker's own ssh transport; needs the control host's ssh access).
+        """
+        out = {}
+        for node in self.nodes:
+            env = docker_env(node.name, self.hosts.get(node.name, {}))
+            project = node_project(self.recipe, node)
+            try:
+                proc = subprocess.run(
+                    ["docker", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
+                     "--format", "{{.State}}"], capture_output=True, text=True, env=env, timeout=30, check=False)
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                out[node.name] = f"{UNKNOWN} ({exc})"
+                continue
+            # Every container of the node's project (the engine, and the front door on the head): the node is as
+            # good as its worst one.
+            states = proc.stdout.split()
+            worst = next((st for st in states if st != "running"), "running")
+            out[node.name] = worst if proc.returncode == 0 and states else (
+                "missing" if proc.returncode == 0 else f"{UNKNOWN} ({proc.stderr.strip()[:100]})")
+        return out
+
+    def health(self, timeout_s: float = 5) -> tuple[bool, str]:
+        """GET /health on the head: (ok, detail)."""
+        try:
+            r = httpx.get(f"{self.url}/health", timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            return False, f"GET /health: {type(exc).__name__}"
+        return r.status_code == 200, f"GET /health -> {r.status_code}"
+
+    def progress(self, timeout_s: float) -> tuple[bool, str]:
+        """One-token completion through the head: (made progress, detail)."""
+        headers = {"Authorization": f"Bearer {self.key}"} if self.key else {}
+        body = {"model": self.recipe.model.served_name, "prompt": "ping", "max_tokens": 1, "temperature": 0}
+        t0 = time.monotonic()
+        try:
+            r = httpx.post(f"{self.url}/v1/completions", json=body, headers=headers, timeout=timeout_s)
+        except httpx.TimeoutException:
+            return False, f"no completion within {timeout_s:g} s"
+        except httpx.HTTPError as exc:
+            return False, f"completion failed: {type(exc).__name__}"
+        if r.status_code != 200:
+            return False, f"completion -> HTTP {r.status_code}"
+        return True, f"one-token completion in {time.monotonic() - t0:.2f} s"
+
+    def collect(self, reason: str) -> Incident:
+        """Save every node's engine logs and container states before the restart
+        (`ds4deploy.operate.incidents.collect`)."""
+        return collect(self.recipe, self.nodes, self.hosts, reason)
+
+    def restart(self, timeout_s: float, log: Path, incident: Path | None = None) -> tuple[bool, float]:
+        """Run ansible/restart.yml (stop head, stop workers, start workers, start head). Returns (ok, seconds).
+
+        `incident`: the folder already saved for this restart; the playbook then does not collect again.
+        """
+        cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory),
+               str(REPO_ROOT / "ansible" / "restart.yml"), "-e", f"recipe={self.recipe.name}"]
+        if incident is not None:
+            cmd += ["-e", f"ds4_incident_dir={incident}"]
+        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible" / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+        t0 = time.monotonic()
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a", encoding="utf-8") as fh:
+            try:
+                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s,
+                                    check=False).returncode
+            except subprocess.TimeoutExpired:
+                rc = -1
+        return rc == 0, time.monotonic() - t0
+
+
+def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
+    """Where the control host reaches the head's API: the bound address, or the head machine for 0.0.0.0."""
+    from ds4deploy.core.net import base_url
+
+    head = next(n for n in nodes if n.role in ("head", "single"))
+    addr = recipe.serving.bind_address
+    if addr in ("0.0.0.0", "::"):  # noqa: S104 (an address we read, not one we bind)
+        hv = hosts.get(head.name, {})
+        addr = "127.0.0.1" if hv.get("ansible_connection") == "local" else hv.get("ansible_host", head.name)
+    return base_url(addr, recipe.serving.port)
+
+
+def make_target(recipe: Recipe, inventory: Path, url: str | None = None) -> Target:
+    """Plan the nodes from the inventory and find the head's URL and the API key.
+
+    Raises:
+        UserError: the inventory does not fit the recipe; the key file is unreadable.
+    """
+    from ds4deploy.plan.inventory import read_inventory
+
+    hosts = read_inventory(inventory).hosts
+    nodes = plan_from_inventory(recipe, inventory)
+    key = None
+    if recipe.serving.auth.mode == "api_key":
+        try:
+            key = parse_env_file(Path(recipe.key_file).read_text()).get("VLLM_API_KEY")
+        except OSError as exc:
+            raise UserError(f"cannot read the API key {recipe.key_file}: {exc.strerror}",
+                            "run the supervisor as root on a host that holds the key (the head or the control host "
+                            "of a local deployment)") from None
+    return Target(recipe, inventory, nodes, url or head_url(recipe, nodes, hosts), key, hosts)
+
+
+def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int | None = None,
+              sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> int:
+    """Watch `target` until interrupted; restart the group on failures. Returns the exit code (3 = gave up).
+
+    Args:
+        target: what to watch and restart; anything with `Target`'s ``container_states``, ``health``,
+            ``progress``, ``collect`` and ``restart`` methods (tests pass a scripted fake).
+        max_cycles: stop after this many checks (tests); None = forever.
+        sleep: waits the given seconds (`time.sleep`; tests pass one that advances their clock).
+        clock: monotonic seconds (`time.monotonic`); decides the restart window, probe cadence and stable period.
+    """
+    misses = 0
+    restarts: list[float] = []
+    backoff = policy.backoff_s
+    last_probe: float | None = None
+    healthy_since: float | None = None
+    unreachable_since: float | None = None
+    log = journal.path.with_suffix(".restart.log")
+    journal.write("start", recipe=target.recipe.name, url=target.url,
+                  nodes={n.name: n.role for n in target.nodes}, policy=policy.__dict__)
+    cycle = 0
+    while max_cycles is None or cycle < max_cycles:
+        cycle += 1
+        reason, detail = None, ""
+        states = target.container_states()
+        lost = {name: st for name, st in states.items() if st.startswith(UNKNOWN)}
+        if lost:
+            # No daemon to ask and none to start containers on: a restart now can only fail. Wait, unbudgeted.
+            if unreachable_since is None:
+                unreachable_since = clock()
+                journal.write("unreachable", detail=", ".join(f"{n}: {s}" for n, s in sorted(lost.items())))
+            healthy_since = None
+            sleep(policy.interval_s)
+            continue
+        if unreachable_since is not None:
+            journal.write("reachable", seconds=round(clock() - unreachable_since, 1))
+            unreachable_since = None
+        down = {name: st for name, st in states.items() if st != "running"}
+        if down:
+            reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
+        else:
+            ok, detail = target.health()
+            if not ok:
+                misses += 1
+                if misses >= policy.failures_to_restart:
+                    reason = "unhealthy"
+            else:
+                misses = 0
+                now = clock()
+                if last_probe is None or now - last_probe >= policy.probe_every_s:
+                    last_probe = now
+                    progressed, pdetail = target.progress(policy.probe_timeout_s)
+                    if not progressed:
+                        reason, detail = "wedged", f"{detail}, but {pdetail}"
+            if reason is not None:
+                # A probe can take up to probe_timeout_s: a container that died meanwhile is the real cause, and
+                # a head whose worker died still answers /health (seen as "wedged" in CI before this re-read).
+                states = target.container_states()
+                down = {name: st for name, st in states.items() if st != "running"}
+                if any(st.startswith(UNKNOWN) for st in down.values()):
+                    reason = None  # a daemon stopped answering meanwhile: the next check waits for it
+                elif down:
+                    reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
+        if reason is None:
+            if misses == 0:
+                healthy_since = clock() if healthy_since is None else healthy_since
+                if clock() - healthy_since >= policy.backoff_max_s:
+                    backoff = policy.backoff_s  # stable again: forget the backoff
+            sleep(policy.interval_s)
+            continue
+        healthy_since = None
+        now = clock()
+        restarts = [t for t in restarts if now - t < policy.window_s]
+        if len(restarts) >= policy.max_restarts:
+            journal.write("gave-up", reason=reason, detail=detail,
+                          restarts_in_window=len(restarts), window_s=policy.window_s)
+            return GAVE_UP_EXIT
+        incident = target.collect(f"supervisor: {reason} ({detail})")
+        journal.write("failure", reason=reason, detail=detail, states=states,
+                      incident=str(incident.dir) if incident.dir else None,
+                      fatal=incident.fatal.describe() if incident.fatal else None)
+        restarts.append(now)
+        ok, took = target.restart(policy.restart_timeout_s, log, incident.dir)
+        journal.write("restarted" if ok else "restart-failed", reason=reason, seconds=round(took, 1),
+                      log=str(log), incident=str(incident.dir) if incident.dir else None)
+        misses = 0
+        last_probe = clock()
+        if not ok:
+            journal.write("backoff", seconds=backoff)
+            sleep(backoff)
+            backoff = min(backoff * 2, policy.backoff_max_s)
+    return 0

