@@ -10,16 +10,16 @@
 #   make bench-stack [COLD=1|KEEP=1] [PART=front-door]  packaging cost: deployed stack vs bare engine, front door vs
 #                             straight to the engine -> docs/benchmarks.md
 #   make bench-verify         model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
-#   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
+#   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/results/bench/<recipe>/ (`ds4deploy bench profiles`)
 #   make soak [RECIPE=cpu] [MINUTES=30]  steady load (8 streaming sessions, mixed prompts): failures, TTFT/decode per
-#                             5-minute window, engine memory trend -> docs/benchmarks.md, docs/bench/<recipe>/soak.*
+#                             5-minute window, engine memory trend -> docs/benchmarks.md, docs/results/bench/<recipe>/soak.*
 #   make bench-harness [RECIPE=cpu] [REPEATS=6]  the harness vs `vllm bench serve` on the deployed stack -> docs/bench-harness.md
 #   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
 #   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
 #   make deploy RECIPE=<local-model recipe> MODEL_FROM=<file|dir>   copy a local model (e.g. GGUF parts) to the nodes
 #   make deploy RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml   two nodes (workers first)
 #   make bench-multinode      time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md
-#   make conformance [RECIPE=cpu] [URL=.. KEY_FILE=.. MODEL=..]  client conformance matrix -> docs/conformance/<recipe>/
+#   make conformance [RECIPE=cpu] [URL=.. KEY_FILE=.. MODEL=..]  client conformance matrix -> docs/results/conformance/<recipe>/
 #   make check INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=hosts|groups]  one table per host
 #   make test-hosts           provision two netns test hosts (GX10 rails), rail checks, injected faults,
 #                             each node's RoCE v2 GID index in its .env (fixture GID tables), the play variables
@@ -168,7 +168,7 @@ PROFILE ?= smoke
 # The supervisor's progress probe would be other traffic in every cell: paused for the run, started again after.
 bench: venv
 	$(if $(URL),,@$(BIN)/ds4deploy supervisor stop $(RECIPE))
-	status=0; $(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/bench/$(RECIPE) \
+	status=0; $(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/results/bench/$(RECIPE) \
 	  $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) || status=$$?; \
 	$(if $(URL),,$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY) ||) true; exit $$status
 
@@ -177,7 +177,7 @@ soak: venv
 	$(BIN)/ds4deploy bench soak $(RECIPE) --minutes $(or $(MINUTES),30) --section docs/benchmarks.md --require-flat
 
 # OpenAI/Anthropic client conformance of a running server (make deploy first, or URL=.. KEY_FILE=..): exit 0 no
-# case failed, 1 a case failed, 2 the server could not be tested. Report: docs/conformance/<recipe>/.
+# case failed, 1 a case failed, 2 the server could not be tested. Report: docs/results/conformance/<recipe>/.
 conformance: venv
 	$(BIN)/ds4deploy conformance $(RECIPE) $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) \
 	  $(if $(MODEL),--model $(MODEL))

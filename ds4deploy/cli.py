@@ -742,7 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--url", help="server base URL (default: the recipe's serving address and port)")
     br.add_argument("--key-file", help="API key file, VLLM_API_KEY=<key> (default: the recipe's key file)")
     br.add_argument("--model", help="served model name (default: the recipe's)")
-    br.add_argument("--out", help="output directory (default: docs/bench/<recipe>)")
+    br.add_argument("--out", help="output directory (default: docs/results/bench/<recipe>)")
     br.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for a response chunk")
     br.add_argument("--no-plots", action="store_true", help="skip the PNG and HTML plots")
     br.add_argument("--no-salt", action="store_true", help="send unsalted prompts (only to show the cache guard)")
@@ -769,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--seed", type=int, default=0, help="request seed sent to both (default 0)")
     ba.add_argument("--temperature", type=float, default=0.0, help="must be 0: ab is greedy-only")
     ba.add_argument("--ignore-eos", action="store_true", help="decode exactly max_tokens tokens (vLLM extension)")
-    ba.add_argument("--out", default="docs/bench/ab", help="output directory (default docs/bench/ab)")
+    ba.add_argument("--out", default="docs/results/bench/ab", help="output directory (default docs/results/bench/ab)")
     ba.add_argument("--name", default="ab", help="report name: <out>/<name>.md and .json")
     ba.add_argument("--label-a", help="what configuration A is, for the report (e.g. 'bf16, defaults')")
     ba.add_argument("--label-b", help="what configuration B is, for the report")
@@ -791,7 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
     sk.add_argument("--container", help="engine container to sample memory from (default: the recipe's on this "
                     "host; none with --url)")
     sk.add_argument("--mem-interval", type=float, default=15.0, help="seconds between memory samples (default 15)")
-    sk.add_argument("--out", help="report directory (default docs/bench/<recipe>): soak.md, soak.json")
+    sk.add_argument("--out", help="report directory (default docs/results/bench/<recipe>): soak.md, soak.json")
     sk.add_argument("--section", help="also replace the soak section of this markdown file (docs/benchmarks.md)")
     sk.add_argument("--require-flat", action="store_true", help="exit 1 when the memory trend is not flat")
     sk.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a response chunk")
@@ -806,8 +806,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "server to forward to")
     cf.add_argument("--key-file", help="API key file, VLLM_API_KEY=<key> (default: the recipe's key file)")
     cf.add_argument("--model", help="served model name (default: the recipe's, or the server's only model)")
-    cf.add_argument("--out", help="report directory (default docs/conformance/<recipe>); for `record`, where request "
-                    "shapes are saved (default ./recorded)")
+    cf.add_argument("--out", help="report directory (default docs/results/conformance/<recipe>); for `record`, where "
+                    "request shapes are saved (default ./recorded)")
     cf.add_argument("--shapes", help="directory of recorded request shapes to replay besides the bundled ones")
     cf.add_argument("--only", help="run only cases whose name contains one of these comma-separated words")
     cf.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
