@@ -1,6 +1,9 @@
 """The Ansible model role with a `source: local` model, run for real against this host (connection local, no
 Docker): MODEL_FROM copies the files it names to the node and checks the copy; without it the node's own copy in
-model.path is checked, and a missing or different file stops the play naming the node, the file and the fix."""
+model.path is checked, and a missing or different file stops the play naming the node, the file and the fix.
+
+In the test-hosts tier (`make test-hosts`), which already runs ansible-playbook, not in the unit tier: one run of
+the role takes most of a minute on the 2-core CI host."""
 
 from __future__ import annotations
 
