@@ -126,6 +126,10 @@ def _extended(path: Path, data: Any, seen: tuple[Path, ...]) -> Any:
     """A recipe mapping with its ``extends: <recipe>`` applied: the named recipe (itself extended first) merged
     under this one with `merge`. The base's ``variants`` are not inherited: a variant belongs to its own recipe.
 
+    ``extends`` names a recipe of the recipes directory (``extends: cpu``), or a recipe file by its path relative
+    to the extending file's own folder (``extends: ../../recipes/cpu.yaml``, what a test fixture that holds only
+    its defect uses), never relative to the working directory.
+
     Raises:
         UserError: the base does not exist, or recipes extend each other in a cycle.
     """
@@ -134,7 +138,14 @@ def _extended(path: Path, data: Any, seen: tuple[Path, ...]) -> Any:
     base_name = data["extends"]
     if not isinstance(base_name, str):
         raise UserError(f"{path}: extends must name a recipe (a string), not {base_name!r}", "e.g. extends: cpu")
-    base_path = resolve_recipe_path(base_name)
+    if base_name.endswith((".yaml", ".yml")) or "/" in base_name:
+        base_path = path.parent / base_name
+        if not base_path.is_file():
+            raise UserError(f"{path}: extends names {base_name}, and {base_path} is not a file",
+                            "give the base recipe's path relative to this file's folder, or a recipe name "
+                            "(e.g. extends: cpu)")
+    else:
+        base_path = resolve_recipe_path(base_name)
     if base_path.resolve() in seen or base_path.resolve() == path.resolve():
         chain = " -> ".join(p.stem for p in (*seen, path, base_path))
         raise UserError(f"{path}: recipes extend each other in a cycle ({chain})", "remove one of the extends:")

@@ -330,7 +330,8 @@ def test_field_fault_recipe_fails_the_cli_with_the_inventory():
 
 def test_socket_ifname_named_in_engine_env_passes(tmp_path):
     data = yaml.safe_load((FIELD / "cpu2-hostnet.yaml").read_text())
-    data["engine"]["env"]["GLOO_SOCKET_IFNAME"] = "enp1s0"
+    data["extends"] = str((FIELD / data["extends"]).resolve())  # `extends:` paths are relative to the file
+    data["engine"] = {"env": {"GLOO_SOCKET_IFNAME": "enp1s0"}}
     path = tmp_path / "cpu2-hostnet.yaml"
     path.write_text(yaml.safe_dump(data))
     ok = verdict(load_recipe(path), "multinode-socket-ifname")
