@@ -408,7 +408,7 @@ def _fetch_here(hub, tmp_path, monkeypatch, dest):
     this process's huggingface_hub, possibly imported before with another endpoint, is pointed at the hub too."""
     from huggingface_hub import constants
 
-    from ds4deploy import fetch
+    from ds4deploy.model import fetch
     from tests.support.fakehub import HeldClock
 
     for k, v in {"HF_ENDPOINT": hub.endpoint, "HF_HOME": str(tmp_path / "hf-home"), "HF_HUB_DISABLE_XET": "1",
@@ -437,7 +437,7 @@ def test_trickling_download_is_stopped_and_resumed(hub_recipe, tmp_path, model_f
 
 def test_headers_without_body_end_bounded_with_the_cause_then_resume(hub_recipe, tmp_path, model_files, monkeypatch,
                                                                      capsys):
-    from ds4deploy.errors import UserError
+    from ds4deploy.core.errors import UserError
 
     monkeypatch.delenv("DS4_FETCH_STALL_S", raising=False)
     monkeypatch.setenv("DS4_FETCH_ATTEMPTS", "2")

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from ds4deploy.recipe import REPO_ROOT
+from ds4deploy.recipe.paths import REPO_ROOT
 
 MAKEFILE = REPO_ROOT / "Makefile"
 TARGET = re.compile(r"^([a-z0-9][a-z0-9-]*)\s*:(?!=)([^\n#]*)(?:## (.*))?$", re.M)
