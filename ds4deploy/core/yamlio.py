@@ -170,7 +170,7 @@ def quote_advice(doc: StrictYaml | None, loc: tuple, value: Any) -> str:
     if doc is None or isinstance(value, str):
         return ""
     text = doc.plain_text(loc)
-    if text is None or text == str(value):
+    if text is None:
         return ""
     kind = {bool: "boolean", int: "integer", float: "number", type(None): "null"}.get(type(value), type(value).__name__)
     return (f" (written unquoted as {text}, which YAML reads as the {kind} {value!r}: quote it, '{text}', if you "

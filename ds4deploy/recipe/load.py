@@ -113,7 +113,8 @@ def _validated(path: Path, doc: StrictYaml, data: dict, variant: str | None) -> 
                 allowed = err["msg"]
             line = doc.line_of(err["loc"]) if variant is None else None
             at = f" (line {line})" if line else ""
-            advice = quote_advice(doc, err["loc"], err.get("input")) if variant is None and shown else ""
+            text_wanted = variant is None and shown and err["type"] == "string_type"
+            advice = quote_advice(doc, err["loc"], err.get("input")) if text_wanted else ""
             lines.append(f"  {_fmt_loc(err['loc'])}{value}{at}: {err['msg']}"
                          + (f" ({allowed})" if allowed != err["msg"] else "") + advice)
         what = "the recipe" if variant is None else (

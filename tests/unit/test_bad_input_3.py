@@ -201,6 +201,10 @@ def test_unquoted_hex_revision_gets_the_advice_to_quote_it(recipe_dir):
         load_recipe("hexrev")
     assert "written unquoted as 0x1f2e3d4c, which YAML reads as the integer 523124044: quote it, '0x1f2e3d4c'" in \
         exc.value.cause
+    (recipe_dir / "hexrev.yaml").write_text(text.replace("name: cpu", "name: hexrev", 1).replace("0x1f2e3d4c",
+                                                                                                 "1234567"))
+    with pytest.raises(UserError, match="written unquoted as 1234567, which YAML reads as the integer 1234567"):
+        load_recipe("hexrev")
 
 
 def test_extends_is_resolved_beside_the_recipe_not_from_the_current_directory(tmp_path, monkeypatch):
