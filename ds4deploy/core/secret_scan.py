@@ -44,7 +44,8 @@ TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("JSON Web Token", re.compile(r"\beyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}")),
     # RFC 7468 PEM private keys
     ("private key", re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----")),
-    # RFC 3986 section 3.2.1 userinfo (a user name alone is often a token: https://<token>@host)
+    # RFC 3986 section 3.2.1 userinfo: user:password@, or a user name alone (often a token: https://<token>@host)
+    ("password in a URL", re.compile(r"[a-z][a-z0-9+.-]*://[^/\s:@]+:[^/\s@]+@", re.IGNORECASE)),
     ("credentials in a URL", re.compile(r"[a-z][a-z0-9+.-]*://[^/\s@?#]+@", re.IGNORECASE)),
     # RFC 9110 sections 11.6.2 / 11.7.2: Authorization and Proxy-Authorization header fields with their credentials
     ("HTTP Authorization header", re.compile(
