@@ -84,6 +84,8 @@ def cmd_render(ns: argparse.Namespace) -> int:
     from ds4deploy.render import compose as render
 
     loaded = _load_all(ns.recipes)
+    for note in dict.fromkeys(n for _, out in loaded for n in out.notes):
+        print(f"note: {note}", file=sys.stderr)
     if not ns.check:
         for path in render.write_all([out for _, out in loaded]):
             print(f"wrote {path.relative_to(render.COMPOSE_DIR.parent)}")
@@ -857,11 +859,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ds4deploy` console script. Returns the process exit code."""
+    from ds4deploy.core.secret_scan import redact
+
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
     except UserError as exc:
-        print(f"error: {exc.cause}\nfix: {exc.fix}", file=sys.stderr)
+        # No message prints a credential, whatever it quotes (a URL with userinfo, a value the user passed).
+        print(f"error: {redact(exc.cause)}\nfix: {redact(exc.fix)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

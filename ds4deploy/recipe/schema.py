@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,6 +41,18 @@ Env = dict[EnvName, EnvValue]
 NodePath = Annotated[str, Field(pattern=r"^/[^$}\s]*$")]
 # "<recipe>--<variant>" selects a named variant of a recipe (recipe.variants).
 VARIANT_SEP = "--"
+# Names of a netdev and of an RDMA device (HCA), one rule for the recipe's rails and a node's overrides
+# (ds4deploy.plan.node_fabric). The kernel allows more in a netdev name (anything but '/', ':' and white space, 1-15
+# bytes: IFNAMSIZ 16 with the NUL, net/core/dev.c dev_valid_name) and an RDMA name (up to 63 bytes, IB_DEVICE_NAME_MAX
+# 64, include/rdma/ib_verbs.h), but both reach shell commands, Ansible and NCCL_IB_HCA (which reads ',' as a list
+# separator, ':' as the port, a leading '^'/'=' as exclude/exact: NCCL user guide, Environment Variables), and no
+# driver names its devices with anything but letters, digits, '_', '.' and '-' (enp1s0f1np1, enP2p1s0f1np1, bond0.100,
+# mlx5_0, rocep1s0f1): anything else, a space or a shell metacharacter, is refused.
+NETDEV_RE = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}$"
+HCA_RE = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,62}$"
+NETDEV_RULE = ("a network interface name: 1-15 of A-Z a-z 0-9 _ . -, not starting with . (no space, no shell "
+               "metacharacter)")
+HCA_RULE = "an RDMA device name: 1-63 of A-Z a-z 0-9 _ . - (no space, no shell metacharacter, no ',' ':' '^' '=')"
 # Directories a key file must not sit in directly: the role makes the key's directory 0700.
 SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/opt", "/usr", "/tmp", "/srv"})  # noqa: S108
 
@@ -317,6 +330,31 @@ class Model(Strict):
         description="directory on each node that holds the model, mounted read-only into the container at /model",
     )
 
+    @field_validator("path")
+    @classmethod
+    def _path_stays(cls, v: str) -> str:
+        """The model directory is mounted into the engine and created/filled by the deploy: a path that climbs
+        with ``..`` (``/var/lib/ds4deploy/models/../../../../etc`` is /etc), is ``/`` or a system directory itself
+        would hand that directory to both."""
+        parts = v.split("/")
+        if any(p in ("..", ".") for p in parts) or v.rstrip("/") in SYSTEM_DIRS | {""}:
+            raise ValueError(f"model.path {v!r} climbs out with '..', holds '.', or is the root or a system "
+                             "directory; the deploy would mount and fill that directory: name the model's own "
+                             "directory, e.g. /var/lib/ds4deploy/models/<name>")
+        return v
+
+    @model_validator(mode="after")
+    def _names_once(self) -> Model:
+        """Each name the server answers to once: vLLM's --served-model-name takes the list as given, so a name listed
+        twice, or an alias equal to served_name, is a copy-paste slip (and /v1/models would list it twice)."""
+        seen = {self.served_name: "model.served_name"}
+        for i, alias in enumerate(self.aliases):
+            if alias in seen:
+                raise ValueError(f"model.aliases[{i}] {alias!r} is already {seen[alias]}: list each name once and "
+                                 "not the served name again")
+            seen[alias] = f"model.aliases[{i}]"
+        return self
+
     @model_validator(mode="after")
     def _source_fields(self) -> Model:
         if self.source == "generated" and self.generator is None:
@@ -419,8 +457,28 @@ class FrontDoor(Strict):
         description="exact paths served without the key (default /health, for load balancers and the compose "
                     "healthcheck); every other path needs the key",
     )
-    max_body_mib: int | None = Field(default=None, ge=1, description="largest request body, MiB")
+    # Upper bound: nginx stores client_max_body_size as an off_t and refuses a value past its range ("invalid
+    # value", ngx_parse_offset, https://nginx.org/en/docs/http/ngx_http_core_module.html#client_max_body_size); long
+    # before that a body is no request: 16 bytes per token of the largest context (1M tokens) is 16 MiB. 1 GiB is
+    # the policy bound.
+    max_body_mib: int | None = Field(default=None, ge=1, le=1024, description="largest request body, MiB")
     read_timeout_s: int = Field(default=3600, ge=10, description="seconds between two reads from the engine")
+
+    @field_validator("allow")
+    @classmethod
+    def _allow_once_with_health(cls, v: list[str]) -> list[str]:
+        """Each allowed path once (the template writes one ``location = <path>`` per entry, and nginx refuses a
+        duplicate location: "duplicate location", ngx_http_core_module), and ``/health`` among them: the front
+        door's own compose healthcheck probes /health without the key (ds4deploy.render.compose), so without it the
+        service never turns healthy."""
+        twice = sorted({p for p in v if v.count(p) > 1})
+        if twice:
+            raise ValueError(f"serving.front_door.allow lists {', '.join(twice)} more than once; nginx refuses two "
+                             "'location =' blocks for one path at container start: list each path once")
+        if "/health" not in v:
+            raise ValueError("serving.front_door.allow must include /health: the front door's own healthcheck "
+                             "probes it without the key, so the stack would never turn healthy")
+        return v
 
 
 class CodingAgent(Strict):
@@ -659,10 +717,11 @@ class Rail(Strict):
 
     name: str = Field(description="the rail's name in the recipe and in the inventory's ds4_rails (e.g. rail0)")
     netdev: str = Field(
+        pattern=NETDEV_RE,
         description="the rail's network interface as the recipe's cabling names it (ibdev2netdev); a node may "
-                    "override it in its inventory",
+                    "override it in its inventory; " + NETDEV_RULE,
     )
-    hcas: list[str] = Field(
+    hcas: list[Annotated[str, Field(pattern=HCA_RE, description=HCA_RULE)]] = Field(
         min_length=1,
         description="the RDMA device(s) whose GIDs carry the rail's address (on GB10 one twin HCA per rail)",
     )
@@ -682,7 +741,7 @@ class Fabric(Strict):
         description="TCP port of the multi-node rendezvous on the head (vLLM --master-port), reached over the first "
                     "rail",
     )
-    nccl_ib_hca: list[str] = Field(min_length=1, description="HCAs NCCL_IB_HCA lists")
+    nccl_ib_hca: list[Annotated[str, Field(pattern=HCA_RE)]] = Field(min_length=1, description="HCAs NCCL_IB_HCA lists")
     min_rail_gbit_s: float = Field(gt=0, description="ib_write_bw per rail the fabric checks require, Gb/s")
     source: str = Field(min_length=3, description="where the fabric's figures come from (docs/sources.md#<anchor>)")
 
@@ -935,9 +994,9 @@ class Recipe(Strict):
     def kv_cache_gib_per_gpu(self) -> float | None:
         """KV cache per GPU in GiB: the fixed ``--kv-cache-memory-bytes`` (bytes / 2**30) when the recipe sets
         it, else ``memory.kv_cache_gib_per_gpu``; None without a memory budget."""
-        fixed = self.serving.extra_args.get("kv-cache-memory-bytes")
+        fixed = whole_number(self.serving.extra_args.get("kv-cache-memory-bytes"))
         if fixed is not None:
-            return int(fixed) / 2**30
+            return fixed / 2**30
         return self.memory.kv_cache_gib_per_gpu if self.memory is not None else None
 
     @property
@@ -1017,3 +1076,14 @@ class Recipe(Strict):
     def key_file(self) -> str:
         """Where the API key lives on each node: serving.auth.key_file, or /etc/ds4deploy/secrets/<name>.env."""
         return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.base_name}.env"
+
+
+def whole_number(value: Any) -> int | None:
+    """An engine argument's value as the engine's argparse reads it into an int: an int, or a string of digits
+    (a YAML-quoted ``"6"`` reaches the argv as the same text as ``6``); None for anything else (a bool, a float,
+    ``"12GiB"``, missing)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        return int(value)
+    return None

@@ -11,6 +11,7 @@ when the committed file is stale.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
@@ -153,6 +154,23 @@ def index_markdown(recipes: list[Recipe] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_inputs(recipes: list[Recipe]) -> None:
+    """Read every input the index is generated from, through the same readers a deploy uses, before anything is
+    written: each recipe with its variants (`load_recipe` validates them), each committed model manifest
+    (`ds4deploy.manifest.load_manifest`) and image lock (`ds4deploy.artifacts.load_lock`).
+
+    Raises:
+        UserError: the first input that is invalid, named with its file and the fix.
+    """
+    from ds4deploy.build.artifacts import load_lock
+    from ds4deploy.model.manifest import load_manifest, manifest_path
+
+    for r in recipes:
+        if manifest_path(r).is_file():
+            load_manifest(r)
+        load_lock(r)
+
+
 def write_or_check(check: bool) -> str:
     """Write recipes/README.md, or with `check` compare it with what the recipes generate.
 
@@ -162,12 +180,20 @@ def write_or_check(check: bool) -> str:
         UserError: code 1 with `check` when the committed index is missing or stale.
     """
     path = index_path()
-    text = index_markdown()
+    recipes = [load_recipe(p) for p in sorted(recipe_paths.RECIPES_DIR.glob("*.yaml"))]
+    check_inputs(recipes)
+    text = index_markdown(recipes)
     if check:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             raise UserError(f"{path} is {'stale' if path.is_file() else 'missing'}: it differs from what the recipes "
                             "(and their committed manifests and locks) generate",
                             "run `ds4deploy recipe index` and commit recipes/README.md", code=1)
         return f"{path} is fresh"
-    path.write_text(text, encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)  # never half-written: the old index stays until the new one is complete
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write {path}: {exc.strerror or exc}", f"make {path.parent} writable") from None
     return f"wrote {path}"

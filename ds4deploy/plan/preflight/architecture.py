@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ds4deploy.plan.preflight.rulebook import _spec_k, rule
 from ds4deploy.recipe.instances import instance_count
-from ds4deploy.recipe.schema import Recipe
+from ds4deploy.recipe.schema import Recipe, whole_number
 
 
 @rule("v100-fp16", "V100: fp16 only (no bf16 on sm70)", "docs/sources.md#sm70-fp16: V100 has no bf16: --dtype half",
@@ -109,10 +109,11 @@ def _v100_sync(r: Recipe, hosts):
       "03b859d5489dca31b5cd624202afb6f60cbb37a1)",
       lambda r: r.hardware.gpus.arch == "sm121" and r.serving.max_model_len > GB10_FIXED_KV_ABOVE_TOKENS)
 def _gb10_fixed_kv(r: Recipe, hosts):
-    fixed = r.serving.extra_args.get("kv-cache-memory-bytes")
+    raw = r.serving.extra_args.get("kv-cache-memory-bytes")
+    fixed = whole_number(raw)
     nums = (f"max_model_len {r.serving.max_model_len:,} > {GB10_FIXED_KV_ABOVE_TOKENS:,}; "
-            f"kv-cache-memory-bytes {fixed if fixed is not None else 'unset (sized from gpu_memory_utilization)'}")
-    if fixed is not None and int(fixed) > 0:
+            f"kv-cache-memory-bytes {raw if raw is not None else 'unset (sized from gpu_memory_utilization)'}")
+    if fixed is not None and fixed > 0:
         return "pass", nums, ""
     return "fail", nums, ("set serving.extra_args.kv-cache-memory-bytes (12884901888 = 12 GiB per rank in the "
                           "reference) and drop memory.kv_cache_gib_per_gpu, or lower serving.max_model_len")
