@@ -462,7 +462,10 @@ class FrontDoor(Strict):
     # before that a body is no request: 16 bytes per token of the largest context (1M tokens) is 16 MiB. 1 GiB is
     # the policy bound.
     max_body_mib: int | None = Field(default=None, ge=1, le=1024, description="largest request body, MiB")
-    read_timeout_s: int = Field(default=3600, ge=10, description="seconds between two reads from the engine")
+    # At most a day: nginx keeps proxy_read_timeout as milliseconds in its timer tree (ngx_msec_t,
+    # https://nginx.org/en/docs/http/ngx_http_proxy_module.html#proxy_read_timeout); a silence longer than a day is a
+    # dead engine, not a long prefill (the longest the recipes expect is minutes).
+    read_timeout_s: int = Field(default=3600, ge=10, le=86400, description="seconds between two reads from the engine")
 
     @field_validator("allow")
     @classmethod

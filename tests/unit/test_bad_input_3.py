@@ -243,8 +243,9 @@ def test_userinfo_is_stripped_and_messages_are_redacted():
 
 
 def test_front_door_settings_are_validated_in_the_schema(recipe_dir):
-    for fd, needle in (({"allow": []}, "must include /health"), ({"max_body_mib": 10**12}, "less than or equal to "
-                                                                                           "1024")):
+    for fd, needle in (({"allow": []}, "must include /health"),
+                       ({"max_body_mib": 10**12}, "less than or equal to 1024"),
+                       ({"read_timeout_s": 10**12}, "less than or equal to 86400")):
         write_variant(recipe_dir, "fd", lambda d, fd=fd: d["serving"].update(front_door=fd))
         with pytest.raises(UserError, match=needle):
             load_recipe("fd")
