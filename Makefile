@@ -96,6 +96,8 @@ SHELL_SCRIPTS = $(shell git ls-files -- '*.sh' ':!:.ci'; git ls-files -- ':!:*.*
 lint-shell: ## shellcheck on the shell scripts
 	@command -v shellcheck >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; }
+	@command -v shellcheck >/dev/null || { echo "error: shellcheck not found"; \
+	  echo "fix: apt-get install shellcheck (Debian/Ubuntu), or run make as root once"; exit 2; }
 	shellcheck $(sort $(SHELL_SCRIPTS))
 
 lint-generated: venv ## committed renders, the recipe index and the recipe reference are fresh
