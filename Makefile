@@ -96,6 +96,8 @@ SHELL_SCRIPTS = $(shell git ls-files -- '*.sh' ':!:.ci'; git ls-files -- ':!:*.*
 lint-shell: ## shellcheck on the shell scripts
 	@command -v shellcheck >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; }
+	@command -v shellcheck >/dev/null || { echo "error: shellcheck not found"; \
+	  echo "fix: apt-get install shellcheck (Debian/Ubuntu), or run make as root once"; exit 2; }
 	shellcheck $(sort $(SHELL_SCRIPTS))
 
 lint-generated: venv ## committed renders, the recipe index and the recipe reference are fresh
@@ -198,7 +200,7 @@ check: venv ## INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=.
 # tests/hosts/test_gid_launch_env.py resolves DS4_NCCL_IB_GID_INDEX per node (the module ansible/library/
 # ds4_gid_index.py, from the preflight and stack roles) and writes it into the .env with ansible-playbook on
 # localhost against fixture GID tables (no namespaces); tests/hosts/test_model_role.py runs the model role the same
-# way with a local (GGUF-like) model: the unit tier runs no Ansible.
+# way with a local (GGUF-like) model: the unit tier runs no playbook.
 test-hosts: venv ## two netns test hosts (GX10 rails): provisioning, rail checks, injected faults, GID index
 	@command -v netplan >/dev/null && command -v ping >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends netplan.io iputils-ping; }
