@@ -76,11 +76,12 @@ def engine_args(recipe: Recipe) -> list[str]:
     """vLLM OpenAI-server arguments for `recipe`, in a stable order.
 
     Returns:
-        e.g. ``["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "0.0.0.0", ...]``.
+        e.g. ``["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "0.0.0.0", ...]`` (``--model`` is
+        ``/model/<model.file>`` when the recipe names one file).
     """
     s, p, m = recipe.serving, recipe.parallelism, recipe.model
     args: list[str] = [
-        "--model", CONTAINER_MODEL_DIR,
+        "--model", f"{CONTAINER_MODEL_DIR}/{m.file}" if m.file else CONTAINER_MODEL_DIR,
         "--served-model-name", m.served_name, *m.aliases,
         "--host", listen_host(recipe),
         "--port", str(recipe.engine_port),
