@@ -36,9 +36,10 @@ def _no_registry(r: Recipe) -> tuple[str, str, str]:
 def _listing(names: frozenset[str], wanted: str) -> str:
     """All registered names, the closest ones to `wanted` first."""
     close = difflib.get_close_matches(wanted, sorted(names), n=3, cutoff=0.6)
+    if not close:
+        return f"all {len(names)}: {', '.join(sorted(names))}"
     rest = sorted(names - set(close))
-    head = f"closest: {', '.join(close)}; " if close else ""
-    return f"{head}all {len(names)}: {', '.join(rest if close else sorted(names))}"
+    return f"closest: {', '.join(close)}; the other {len(rest)}: {', '.join(rest)}"
 
 
 # (registry field, what it is, how the recipe names it)
