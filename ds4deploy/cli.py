@@ -321,14 +321,14 @@ def _print_preflight(name: str, verdicts: list, show_all: bool, width: int, stde
     table = Table(title=f"preflight {name}", show_lines=False, expand=False)
     for col in ("rule", "verdict", "numbers", "remediation", "source"):
         table.add_column(col, overflow="fold")
-    style = {"pass": "green", "fail": "bold red", "unknown": "yellow", "skip": "dim"}
+    style = {"pass": "green", "fail": "bold red", "warn": "magenta", "unknown": "yellow", "skip": "dim"}
     for v in shown:
         table.add_row(v.rule, f"[{style[v.status]}]{v.status}[/]", v.numbers, v.remediation, v.source)
     console = Console(width=width, stderr=stderr)
     console.print(table)
-    counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "unknown", "skip")}
-    console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unknown']} unknown, "
-                  f"{counts['skip']} not applicable")
+    counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "warn", "unknown", "skip")}
+    console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['warn']} warned, "
+                  f"{counts['unknown']} unknown, {counts['skip']} not applicable")
 
 
 def cmd_preflight(ns: argparse.Namespace) -> int:

@@ -120,11 +120,12 @@ def engine_args(recipe: Recipe) -> list[str]:
     """vLLM OpenAI-server arguments for `recipe`, in a stable order.
 
     Returns:
-        e.g. ``["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "0.0.0.0", ...]``.
+        e.g. ``["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "0.0.0.0", ...]`` (``--model`` is
+        ``/model/<model.file>`` when the recipe names one file).
     """
     s, p, m = recipe.serving, recipe.parallelism, recipe.model
     args: list[str] = [
-        flag("model.path"), CONTAINER_MODEL_DIR,
+        flag("model.path"), f"{CONTAINER_MODEL_DIR}/{m.file}" if m.file else CONTAINER_MODEL_DIR,
         flag("model.served_name"), m.served_name, *m.aliases,
         flag("serving.bind_address"), listen_host(recipe),
         flag("serving.port"), str(recipe.engine_port),

@@ -289,7 +289,10 @@ class Model(Strict):
     --from` records its manifest, and the deploy copies it from the control host (MODEL_FROM=) or finds it in
     `path` on every node, checking each node's copy against the committed manifest (`ds4deploy.model.lock`).
 
-    `path` is the directory on each node that holds the model; it is mounted read-only into the container.
+    `path` is the directory on each node that holds the model; it is mounted read-only into the container. `file`
+    names the one file inside it the engine loads as its model (vLLM reads a local GGUF only as one ``.gguf`` file,
+    a directory as a safetensors checkpoint: https://docs.vllm.ai/en/v0.9.2/features/quantization/gguf.html);
+    without it the engine gets the directory.
     """
 
     source: Literal["generated", "hub", "local"] = Field(
@@ -329,6 +332,9 @@ class Model(Strict):
     path: NodePath = Field(
         description="directory on each node that holds the model, mounted read-only into the container at /model",
     )
+    file: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                             description="the one file in `path` the engine loads as the model (a .gguf); "
+                                         "default: the directory")
 
     @field_validator("path")
     @classmethod
