@@ -12,6 +12,7 @@ when the committed file is stale.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
@@ -124,8 +125,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def index_markdown(recipes: list[Recipe] | None = None) -> str:
-    """The whole recipes/README.md text (variants are listed with their recipe, not as rows)."""
+def index_markdown(recipes: list[Recipe] | None = None, predict: Callable[[Recipe], str] | None = None) -> str:
+    """The whole recipes/README.md text (variants are listed with their recipe, not as rows). `predict` gives the
+    "Predicted" column (``ds4deploy.plan.estimate.index_cell``: single-session decode and resident full-length
+    sessions); this layer cannot import the estimator, so the caller passes it."""
     if recipes is None:
         recipes = [load_recipe(p) for p in sorted(recipe_paths.RECIPES_DIR.glob("*.yaml"))]
     lines = [
@@ -135,21 +138,23 @@ def index_markdown(recipes: list[Recipe] | None = None) -> str:
         "do not edit. -->",
         "",
         "One YAML per deployment. Expected decode is one session's output rate in tok/s from the recipe's own "
-        "reference figures (`expected` in the YAML, with their sources). *serves here*: deployed and tested on this "
+        "reference figures (`expected` in the YAML, with their sources). Predicted: `ds4deploy estimate`'s "
+        "single-session decode tok/s at a 1,024-token prompt and how many full-length (max_model_len) sessions the "
+        "KV cache holds of max_num_seqs (docs/estimator.md). *serves here*: deployed and tested on this "
         "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
         "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
         "tests/rehearse); *needs the hardware*: the steps are what an owner of that hardware still has to do, in "
         "order.",
         "",
-        "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Status "
-        "| Steps for an owner |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Predicted decode tok/s; "
+        "sessions | Status | Steps for an owner |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in recipes:
         variants = f" (variants: {', '.join(sorted(r.variants))})" if r.variants else ""
         steps = " ".join(f"{i}. {s}" for i, s in enumerate(owner_steps(r), 1))
         row = [f"[{r.name}]({r.name}.yaml){variants}", _hardware(r), _model(r), _engine(r), _parallel(r),
-               expected_decode(r), status(r), steps]
+               expected_decode(r), predict(r) if predict else "-", status(r), steps]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -171,8 +176,9 @@ def check_inputs(recipes: list[Recipe]) -> None:
         load_lock(r)
 
 
-def write_or_check(check: bool) -> str:
-    """Write recipes/README.md, or with `check` compare it with what the recipes generate.
+def write_or_check(check: bool, predict: Callable[[Recipe], str] | None = None) -> str:
+    """Write recipes/README.md, or with `check` compare it with what the recipes generate (`predict` as in
+    `index_markdown`).
 
     Returns:
         A one-line report.
@@ -182,7 +188,7 @@ def write_or_check(check: bool) -> str:
     path = index_path()
     recipes = [load_recipe(p) for p in sorted(recipe_paths.RECIPES_DIR.glob("*.yaml"))]
     check_inputs(recipes)
-    text = index_markdown(recipes)
+    text = index_markdown(recipes, predict)
     if check:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             raise UserError(f"{path} is {'stale' if path.is_file() else 'missing'}: it differs from what the recipes "

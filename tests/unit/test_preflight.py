@@ -119,6 +119,8 @@ COUNTEREXAMPLES = [
     ("front-door-ports", V100, "serving.front_door.engine_port", 8000),
     ("front-door-ports", V100, "serving.front_door.engine_port", None),
     ("front-door-ports", GX10, "serving.front_door.engine_port", 25000),
+    ("kv-capacity", SM86, "serving.gpu_memory_utilization", 0.19),
+    ("kv-capacity", "cpu", "engine.env.VLLM_CPU_KVCACHE_SPACE", "0.05"),
 ]
 
 
@@ -417,3 +419,20 @@ def test_cli_refuses_a_local_model_the_deploy_could_not_check_on_the_nodes(recip
     p = run_cli("preflight", "gguf", env_dir=recipe_dir)
     assert p.returncode == 2 and "gguf.manifest.json records no sha256 for tiny.gguf" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_kv_capacity_refuses_a_request_that_cannot_fit_and_warns_with_the_resident_sessions():
+    # GX10: 12 GiB of KV per rank hold one 1,048,576-token request of max_num_seqs 6 (docs/estimator.md).
+    warn = verdict(load_recipe(GX10), "kv-capacity")
+    assert warn.status == "warn" and "1 of max_num_seqs 6 full-length sessions resident" in warn.numbers
+    assert "at most 1 full-length sessions" in warn.remediation
+    small = verdict(mutate(GX10, "serving.extra_args.kv-cache-memory-bytes", 8 * 2**30), "kv-capacity")
+    assert small.status == "fail" and "8.00 GiB available" in small.numbers and "needs 11.04 GiB" in small.numbers
+    # No KV accounting for the V4.1 fork: said, never a guessed number.
+    v100 = verdict(load_recipe(V100), "kv-capacity")
+    assert v100.status == "unknown" and "no KV accounting for model_type 'deepseek_v41_text'" in v100.numbers
+
+
+def test_preflight_cli_counts_the_capacity_warning_and_passes(locked_gx10):
+    p = run_cli("preflight", GX10, "--width", "250", "--no-nodes", env_dir=locked_gx10)
+    assert "kv-capacity" in p.stdout and " 0 failed, " in p.stdout and " unknown, 1 warnings, " in p.stdout, p.stdout
