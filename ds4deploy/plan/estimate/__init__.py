@@ -15,9 +15,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import ds4deploy.plan.estimate.constants as C
+import ds4deploy.plan.estimate.model as M
 from ds4deploy.core.errors import UserError
-from ds4deploy.plan.estimate import constants as C
-from ds4deploy.plan.estimate import model as M
 from ds4deploy.recipe import paths as recipe_paths
 from ds4deploy.recipe.schema import Recipe
 
@@ -223,7 +223,7 @@ def bench_lines(recipe: Recipe, records: list[dict], meta: dict) -> list[str]:
         cls, hw, source = constants_for(recipe)
     except UserError as exc:
         return [f"predicted: not available ({exc.cause})"]
-    from ds4deploy.plan.estimate import calibrate as K
+    import ds4deploy.plan.estimate.calibrate as K
 
     out = [f"measured vs predicted ({source}):"]
     cache: dict = {}

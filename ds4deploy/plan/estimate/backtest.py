@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ds4deploy.plan.estimate import calibrate as K
+import ds4deploy.plan.estimate.calibrate as K
+import ds4deploy.plan.estimate.constants as C
+import ds4deploy.plan.estimate.model as M
 from ds4deploy.plan.estimate import capacity, hw_class
-from ds4deploy.plan.estimate import constants as C
-from ds4deploy.plan.estimate import model as M
 from ds4deploy.plan.estimate import reference as R
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.paths import REPO_ROOT

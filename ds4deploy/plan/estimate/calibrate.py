@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+import ds4deploy.plan.estimate.constants as C
+import ds4deploy.plan.estimate.model as M
 from ds4deploy.core.errors import UserError
-from ds4deploy.plan.estimate import constants as C
-from ds4deploy.plan.estimate import model as M
 from ds4deploy.plan.estimate.reference import Cell
 from ds4deploy.recipe.schema import Recipe
 

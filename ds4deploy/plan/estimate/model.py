@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import ds4deploy.plan.estimate.constants as C
 from ds4deploy.core.errors import UserError
-from ds4deploy.plan.estimate import constants as C
 from ds4deploy.recipe.schema import Recipe
 
 GIB = 2**30
@@ -459,8 +459,8 @@ def simulate(geo: Geometry, hw: dict, prompt: int, sessions: int, bw_gbs: float 
 
     `hw` holds the calibrated constants (t_round_s, ctx_s, tflops, attn_s, t_req_s, share, prefill_share; bw_gbs and
     host_bw_gbs override the datasheet bandwidths). Returns, over all requests: mean TTFT (s), mean prefill tok/s
-    (prompt / (TTFT - t_req_s)), mean per-session decode tok/s (tokens after the first / time after the first), aggregate output
-    tok/s (all tokens / time until the last one) and the mean decode round time (s).
+    (prompt / (TTFT - t_req_s)), mean per-session decode tok/s (tokens after the first / time after the first),
+    aggregate output tok/s (all tokens / time until the last one) and the mean decode round time (s).
     """
     t_round, ctx_s = hw["t_round_s"], hw.get("ctx_s", 0.0)
     # Without a calibrated prefill rate (tflops) prompts cost nothing here and TTFT/prefill are not reported.

@@ -13,7 +13,8 @@ Host facts come from an Ansible inventory (``--inventory``), per host::
 Units: GB = 10**9 bytes, GiB = 2**30 bytes; every memory number is printed in both where both appear.
 
 One module per rule family (as ansible-lint keeps one rule per file): `memory`, `capacity`, `speculative`,
-`architecture`, `fabric`, `model`, `field_reports`, `serving`; `rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
+`architecture`, `fabric`, `model`, `field_reports`, `serving`; `rulebook` holds the machinery (`Rule`, `Verdict`,
+`run`).
 """
 
 # Importing a family registers its rules; this order is the rule book's order.
