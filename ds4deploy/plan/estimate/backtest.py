@@ -21,6 +21,13 @@ from ds4deploy.recipe.paths import REPO_ROOT
 DOC = REPO_ROOT / "docs" / "estimator.md"
 # The target for held-out cells of systems A and B: |predicted / published - 1| <= 20 %.
 TARGET = 0.20
+# Held-out cells the model misses by more than the target, with what it lacks (shown on the page; the test fails
+# when another cell misses or one of these comes within the target).
+KNOWN_MISSES = {
+    "B-p131072-c4-per_session_tok_s": "four sessions with 131,072-token prompts decode at 10.6 tok/s each where the "
+    "model gives about 14: the rounds of four long-context sessions cost more than one session with the same total "
+    "context, which the context term (fitted on one session at 524,288 tokens) does not capture",
+}
 METRIC_NAMES = {"ttft_s": "TTFT s", "prefill_tok_s": "prefill tok/s", "per_session_tok_s": "decode tok/s per session",
                 "aggregate_tok_s": "aggregate tok/s", "round_s": "decode round s"}
 
@@ -108,6 +115,9 @@ def markdown() -> str:
                   f"Hardware class `{cls}`; constants: {consts}.", "",
                   f"{len(sel)} published cells, {sum(r['fitted'] for r in sel)} fitted, {len(checked)} predicted "
                   f"and checked; largest error on a predicted cell: {worst:.1%}.", ""]
+        for r in held_out_misses(sel):
+            lines += [f"Beyond the target: {r['cell'].key} ({r['error']:+.1%}): "
+                      f"{KNOWN_MISSES.get(r['cell'].key, 'not explained')}.", ""]
         if system == "C":
             lines += [f"What is missing to check it: {R.C_MISSING}.", ""]
         lines += ["| recipe | prompt | sessions | content | metric | published | predicted | error | |",
