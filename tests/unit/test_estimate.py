@@ -74,6 +74,26 @@ def test_weights_per_gpu_follow_quantisation_and_placement():
     assert v100.gpu == pytest.approx((v100.total - v100.replicated) / 8 + v100.replicated / 2)
 
 
+def test_gguf_offload_keeps_the_other_layers_in_host_ram():
+    full = est.capacity(mutate(SM86, "engine.capabilities", ["dspark"])).weights
+    r = mutate(SM86, "engine.capabilities", ["dspark"])
+    part = est.capacity(mutate_extra(r, "n-gpu-layers", 20)).weights
+    assert part.gpu == pytest.approx(full.gpu * 20 / 43)
+    assert part.host == pytest.approx((full.experts + full.rest) * 23 / 43)
+
+
+def mutate_extra(r, key, value):
+    data = r.model_dump(mode="python")
+    data["serving"]["extra_args"][key] = value
+    return type(r).model_validate(data)
+
+
+def test_unified_memory_says_what_the_node_keeps():
+    lines = est.capacity_lines(est.capacity(load_recipe(GX10)))
+    assert any("unified memory: the GPU's 121.69 GiB is the node's RAM; the engine may take 94.92 GiB" in x
+               for x in lines)
+
+
 def test_v41_official_fp4_experts_do_not_fit_eight_32gb_gpus():
     card = M.load_card(load_recipe(V100))
     e = card.get("num_hidden_layers") * card.get("n_routed_experts") * 3 * card.get("hidden_size") * \

@@ -151,11 +151,15 @@ def capacity_lines(cap: Capacity) -> list[str]:
         + (f"; routed experts {_gb(w.experts)}, the rest {_gb(w.rest)} ({_gb(w.replicated)} replicated on every "
            "tensor-parallel rank)" if w.experts else ""),
         f"per GPU (TP {p.tensor} x PP {p.pipeline}): weights {_gib(w.gpu)}"
-        + (f"; routed experts in host RAM: {w.host / 1e9:.1f} GB" if w.host else ""),
+        + (f"; in host RAM: {_gb(w.host)} (of {r.hardware.min_ram_gib:g} GiB the recipe asks per node)"
+           if w.host else ""),
     ]
-    if r.hardware.gpus.unified_memory:
-        lines.append("unified memory: the GPU's memory is the node's RAM; what the engine leaves is all the OS and "
-                     "every other process get")
+    g = r.hardware.gpus
+    if g.unified_memory and g.memory_gib:
+        engine = r.serving.gpu_memory_utilization * g.memory_gib
+        lines.append(f"unified memory: the GPU's {g.memory_gib:g} GiB is the node's RAM; the engine may take "
+                     f"{engine:.2f} GiB (gpu_memory_utilization {r.serving.gpu_memory_utilization}), leaving "
+                     f"{g.memory_gib - engine:.2f} GiB for the OS, the page cache and every other process")
     if kv.missing:
         lines.append(f"KV cache: {kv.missing}; available {_gib(kv.available)} per GPU ({kv.available_basis})")
         return lines

@@ -176,6 +176,16 @@ def experts_on_host(recipe: Recipe) -> bool:
     return "lk_moe_cpu_experts" in recipe.engine.capabilities or "exps=CPU" in ot
 
 
+def gpu_layer_fraction(recipe: Recipe, card: Card) -> float:
+    """Fraction of the layers held on the GPUs: llama.cpp's ``--n-gpu-layers N`` (serving.extra_args) keeps N layers
+    there and the rest in host RAM (ggml-org/llama.cpp tools/server/README.md); 1.0 without it."""
+    ngl = recipe.serving.extra_args.get("n-gpu-layers")
+    layers = int(card.config.get("num_hidden_layers") or 0)
+    if ngl is None or not layers:
+        return 1.0
+    return max(0.0, min(1.0, int(ngl) / layers))
+
+
 def _dsv4_replicated_params(card: Card) -> float:
     """Parameters vLLM replicates on every tensor-parallel rank, per model: fused_wqa_wkv (hidden x (q_lora +
     head_dim)) and the KV compressors (hidden x 2 x coff x head_dim; coff 2 on ratio-4 layers), per layer
@@ -243,14 +253,16 @@ def weights(recipe: Recipe, card: Card) -> Weights:
     replicated = min(rest, _dsv4_replicated_params(card) * other_bits / 8) if "compress_ratios" in card.config \
         else 0.0
     host = experts_on_host(recipe)
-    experts_gpu = 0.0 if host else experts / (tp * pp)
-    rest_gpu = (rest - replicated) / (tp * pp) + replicated / pp
+    on_gpu = gpu_layer_fraction(recipe, card)  # GGUF offload: the other layers' weights stay in host RAM
+    experts_gpu = 0.0 if host else experts * on_gpu / (tp * pp)
+    rest_gpu = ((rest - replicated) / (tp * pp) + replicated / pp) * on_gpu
+    in_host = (experts if host else experts * (1 - on_gpu)) + rest * (1 - on_gpu)
     # Active weights per token: the experts a token routes to (plus shared) and the rest (read as params at ~1 B).
     active_expert = layers * (card.get("num_experts_per_tok") + card.config.get("n_shared_experts", 0)) * 3 * h * i
     active = active_expert + rest / (other_bits / 8)
     streamed = min(rest, streamed_params(card) * other_bits / 8) if "compress_ratios" in card.config else rest
-    return Weights(total, experts, rest, replicated, experts_gpu, rest_gpu, streamed / (tp * pp),
-                   experts if host else 0.0,
+    return Weights(total, experts, rest, replicated, experts_gpu, rest_gpu, streamed * on_gpu / (tp * pp),
+                   in_host,
                    active / (tp * pp), q, f"{where}; experts {q} ({bits:g} bits) from {card.origin}")
 
 
