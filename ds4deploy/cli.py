@@ -367,8 +367,9 @@ def cmd_preflight(ns: argparse.Namespace) -> int:
 
 
 def cmd_estimate(ns: argparse.Namespace) -> int:
-    """Capacity and speed of a recipe (`ds4deploy.plan.estimate`), or with --calibrate the hardware constants fitted
-    to an owner's bench run (--write keeps them in recipes/<recipe>.calibration.json)."""
+    """Capacity and speed of a recipe (`ds4deploy.plan.estimate`); exit 1 when one request of --context tokens
+    (default max_model_len) cannot fit the KV cache. With --calibrate, the hardware constants fitted to an owner's
+    bench run (--write keeps them in recipes/<recipe>.calibration.json)."""
     from ds4deploy.plan import estimate as est
     from ds4deploy.recipe.load import load_recipe
 
@@ -388,8 +389,14 @@ def cmd_estimate(ns: argparse.Namespace) -> int:
             calibrate.write_calibration(path, cls, fitted, Path(ns.calibrate))
             print(f"wrote {path}; commit it")
         return 0
+    if ns.sessions < 1 or ns.prompt < 1 or (ns.output is not None and ns.output < 1):
+        raise UserError("--sessions, --prompt and --output must be at least 1", "pass positive numbers")
     cap = est.capacity(recipe, ns.context)
     print("\n".join(est.capacity_lines(cap)))
+    if cap.kv.need is not None and cap.kv.available is not None and cap.kv.need > cap.kv.available:
+        print(f"does not fit: one {cap.context:,}-token request needs more KV than the engine can allocate; the engine "
+              "refuses to start (preflight rule kv-capacity)")
+        return 1
     sp, source = est.speed(recipe, ns.prompt, ns.sessions, ns.output, ns.acceptance, cap=cap)
     print("\n".join(est.speed_lines(sp, source)))
     return 0

@@ -142,11 +142,17 @@ def test_calibration_on_the_cpu_stacks_bench_run_gives_the_committed_cpu_constan
     assert p.returncode == 0 and "cpu.calibration.json" in p.stdout
 
 
-def test_estimate_cli_prints_capacity_and_speed():
+def test_estimate_cli_prints_capacity_and_speed_and_refuses_what_cannot_fit(recipe_dir):
+    shutil.copy(REPO_ROOT / "recipes" / f"{GX10}.yaml", recipe_dir)
     p = run_cli("estimate", GX10, "--sessions", "6", "--prompt", "32768")
     assert p.returncode == 0, p.stderr
     assert "full-length sessions resident: 1" in p.stdout
     assert "6 session(s), 32,768-token prompts" in p.stdout and "TTFT" in p.stdout
+    path = recipe_dir / "cpu.yaml"
+    path.write_text(path.read_text().replace('VLLM_CPU_KVCACHE_SPACE: "1"', 'VLLM_CPU_KVCACHE_SPACE: "0.05"'))
+    p = run_cli("estimate", "cpu", env_dir=recipe_dir)
+    assert p.returncode == 1 and "does not fit: one 65,536-token request" in p.stdout
+    assert "at least 1" in _cli_error(run_cli("estimate", "cpu", "--sessions", "0"))
 
 
 # --- bad input: one message naming what is missing, exit 2, no number guessed ---------------------------------

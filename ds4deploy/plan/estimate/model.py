@@ -27,7 +27,7 @@ stages (one extra stage time to fill the pipe).
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -566,17 +566,3 @@ def geometry(recipe: Recipe, card: Card, w: Weights, output: int, acceptance: fl
                     active_params_gpu=w.active_params_gpu, k=k,
                     tokens_per_round=tokens_per_round(k, acceptance, accepted), output=output,
                     max_seqs=recipe.serving.max_num_seqs or 1 << 30)
-
-
-@dataclass
-class Estimate:
-    """Everything `estimate` found for one recipe and workload."""
-
-    recipe: str
-    hw_class: str
-    card: Card
-    weights: Weights
-    kv: Kv
-    speed: dict[str, float] | None
-    workload: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
