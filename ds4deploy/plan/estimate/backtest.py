@@ -76,7 +76,12 @@ def _capacity_section() -> list[str]:
         basis = kv.missing or kv.basis
         lines.append(f"| {name} | {cap.weights.gpu / M.GIB:.2f} GiB | {need} | {avail} | {res} / "
                      f"{cap.recipe.serving.max_num_seqs} | {basis} |")
-    # The GB10 engine log of the eugr recipe (weights per rank 81.34 GiB) is the one published weight figure.
+    # The one published weight figure: the GB10 engine's own log of the same checkpoint at TP 2, 81.34 GiB of weights
+    # per rank (eugr/spark-vllm-docker recipes/deepseek-v4-flash-0731-1m.yaml; docs/sources.md#estimator).
+    gx = capacity(load_recipe(R.B_RECIPE)).weights.gpu / M.GIB
+    lines += ["", f"Weights per rank, the one published figure: the GB10 engine logs 81.34 GiB for this checkpoint at "
+              f"TP 2; predicted {gx:.2f} GiB ({gx / 81.34 - 1:+.1%}: the estimate takes the checkpoint's 166.9 GB as "
+              "stored; the engine's loaded layout is larger)."]
     return [*lines, ""]
 
 
