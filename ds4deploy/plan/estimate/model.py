@@ -27,6 +27,7 @@ stages (one extra stage time to fill the pipe).
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -471,8 +472,8 @@ def simulate(geo: Geometry, hw: dict, prompt: int, sessions: int, bw_gbs: float 
 
     `hw` holds the calibrated constants (t_round_s, ctx_s, tflops, attn_s, t_req_s, share, prefill_share; bw_gbs and
     host_bw_gbs override the datasheet bandwidths). Returns, over all requests: mean TTFT (s), mean prefill tok/s
-    (prompt / (TTFT - t_req_s)), mean per-session decode tok/s (tokens after the first / time after the first),
-    aggregate output tok/s (all tokens / time until the last one) and the mean decode round time (s).
+    (prompt / (TTFT - t_req_s)), per-session decode tok/s of the median request (tokens after the first / time
+    after the first), aggregate output tok/s (all tokens / time until the last one) and the mean decode round time (s).
     """
     t_round, ctx_s = hw["t_round_s"], hw.get("ctx_s", 0.0)
     # Without a calibrated prefill rate (tflops) prompts cost nothing here and TTFT/prefill are not reported.
@@ -544,7 +545,8 @@ def simulate(geo: Geometry, hw: dict, prompt: int, sessions: int, bw_gbs: float 
                 live.pop(j)
     n = len(done)
     ttft = sum(r.first - r.sent for r in done) / n
-    decode = sum((geo.output - 1) / max(r.end - r.first + t_req, 1e-9) for r in done) / n
+    # One session's decode rate is the median request's, as `ds4deploy bench` reports per_session_tok_s.
+    decode = statistics.median((geo.output - 1) / max(r.end - r.first + t_req, 1e-9) for r in done)
     return {
         "ttft_s": ttft,
         "prefill_tok_s": prompt / max(ttft - t_req, 1e-9),
