@@ -57,6 +57,7 @@ class Card:
 
     @property
     def model_type(self) -> str:
+        """config.json's model_type (``deepseek_v4``, ``qwen3``, ...)."""
         return str(self.config.get("model_type", ""))
 
     def get(self, key: str) -> Any:
@@ -68,6 +69,7 @@ class Card:
 
     @property
     def is_moe(self) -> bool:
+        """The model has routed experts (``n_routed_experts`` in its config)."""
         return "n_routed_experts" in self.config
 
 
@@ -167,6 +169,7 @@ class Weights:
 
     @property
     def gpu(self) -> float:
+        """Bytes of weights per GPU."""
         return self.experts_gpu + self.rest_gpu
 
 
@@ -340,6 +343,7 @@ class Kv:
 
 
 def kv_dtype(recipe: Recipe) -> str:
+    """serving.kv_cache_dtype, "auto" when unset (the engine's default)."""
     return recipe.serving.kv_cache_dtype or "auto"
 
 
