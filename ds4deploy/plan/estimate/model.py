@@ -88,12 +88,28 @@ def _text_config(cfg: dict) -> dict:
     return cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
 
 
+def _matches(card: dict, recipe: Recipe) -> bool:
+    match, m = card.get("match", {}), recipe.model
+    return bool((match.get("repo_id") and match["repo_id"] == m.repo_id)
+                or (match.get("path_name") and match["path_name"] == Path(m.path).name))
+
+
+def _card_quants(recipe: Recipe, models_dir: Path) -> tuple[str | None, str | None]:
+    """The quantisations a committed card records for the recipe's checkpoint (a config.json does not say how a GGUF
+    was quantised), else (None, None)."""
+    for path in sorted(models_dir.glob(CARD_GLOB)):
+        card = _read_json(path)
+        if _matches(card, recipe):
+            return card.get("experts_quant"), card.get("other_quant")
+    return None, None
+
+
 def load_card(recipe: Recipe, models_dir: Path = MODELS_DIR) -> Card:
     """The model's config for `recipe`.
 
-    Order: a generated model's config is its ``model.generator`` section; else ``<model.path>/config.json`` when this
-    host has the model; else the committed model card in `models_dir` matching the recipe's ``repo_id`` or the
-    name of ``model.path``.
+    Order: a generated model's config is its ``model.generator`` section; else ``<model.path>/config.json`` (or
+    ``hf/config.json`` beside a GGUF) when this host has the model, with the quantisations of a matching card; else
+    the committed model card in `models_dir` matching the recipe's ``repo_id`` or the name of ``model.path``.
 
     Raises:
         UserError: no config is found, or the one found is not a readable JSON object.
@@ -104,13 +120,14 @@ def load_card(recipe: Recipe, models_dir: Path = MODELS_DIR) -> Card:
                "tie_word_embeddings": True}
         return Card(cfg, "recipe model.generator")
     local = Path(m.path) / "config.json"
-    if local.is_file():
-        return Card(_text_config(_read_json(local)), str(local))
+    # A GGUF directory keeps the checkpoint's own config.json beside the .gguf under hf/ (transformers cannot derive
+    # it from the GGUF for this architecture).
+    for path in (local, Path(m.path) / "hf" / "config.json"):
+        if path.is_file():
+            return Card(_text_config(_read_json(path)), str(path), *_card_quants(recipe, models_dir))
     for path in sorted(models_dir.glob(CARD_GLOB)):
         card = _read_json(path)
-        match = card.get("match", {})
-        if (match.get("repo_id") and match["repo_id"] == m.repo_id) or \
-                (match.get("path_name") and match["path_name"] == Path(m.path).name):
+        if _matches(card, recipe):
             return Card(_text_config(card["config"]), f"model card {path.name}", card.get("experts_quant"),
                         card.get("other_quant"))
     raise UserError(f"recipe '{recipe.name}': no model config to read ({local} is not on this host and no model card "
