@@ -22,7 +22,7 @@ from tests.unit.conftest import run_cli
 from tests.unit.test_preflight import mutate
 
 GX10, V100, SM86 = "gx10x2-ds4-flash-fp8", "v100x8-ds41-flash-iq2", "rtx3090x2-xeon-ds4-flash"
-CPU_RUN = REPO_ROOT / "docs" / "bench" / "cpu" / "smoke" / "run.json"
+CPU_RUN = REPO_ROOT / "docs" / "results" / "bench" / "cpu" / "smoke" / "run.json"
 
 
 def test_backtest_page_is_what_the_constants_give():
@@ -115,7 +115,7 @@ def test_speed_reacts_to_context_sessions_and_acceptance():
 
 
 def test_calibration_on_the_cpu_stacks_bench_run_gives_the_committed_cpu_constants(recipe_dir):
-    # The real captured run of the cpu stack (docs/bench/cpu/smoke/), fitted through the CLI and written where the
+    # The real captured run of the cpu stack (docs/results/bench/cpu/smoke/), fitted through the CLI and written where the
     # estimator reads an owner's calibration.
     p = run_cli("estimate", "cpu", "--calibrate", str(CPU_RUN), "--write", env_dir=recipe_dir)
     assert p.returncode == 0, p.stderr
