@@ -115,8 +115,8 @@ def test_speed_reacts_to_context_sessions_and_acceptance():
 
 
 def test_calibration_on_the_cpu_stacks_bench_run_gives_the_committed_cpu_constants(recipe_dir):
-    # The real captured run of the cpu stack (docs/results/bench/cpu/smoke/), fitted through the CLI and written where the
-    # estimator reads an owner's calibration.
+    # The real captured run of the cpu stack (docs/results/bench/cpu/smoke/), fitted through the CLI and written where
+    # the estimator reads an owner's calibration.
     p = run_cli("estimate", "cpu", "--calibrate", str(CPU_RUN), "--write", env_dir=recipe_dir)
     assert p.returncode == 0, p.stderr
     assert "calibration of hardware class cpu-x86 on 16 measured cells" in p.stdout  # TTFT, aggregate x 8 cells

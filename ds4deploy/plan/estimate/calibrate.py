@@ -142,7 +142,8 @@ def run_cells(run_json: Path, recipe_name: str) -> list[Cell]:
         run = json.loads(Path(run_json).read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise UserError(f"{run_json} cannot be read as a bench run: {exc}",
-                        "pass the run.json that `ds4deploy bench run` wrote (docs/results/bench/<recipe>/<profile>/run.json)") from None
+                        "pass the run.json that `ds4deploy bench run` wrote "
+                        "(docs/results/bench/<recipe>/<profile>/run.json)") from None
     if not isinstance(run, dict) or "cells" not in run:
         raise UserError(f"{run_json} is not a bench run (no 'cells')",
                         "pass the run.json that `ds4deploy bench run` wrote")

@@ -135,8 +135,8 @@ HARDWARE: dict[str, dict] = {
         # round), so bandwidth is not calibrated; everything else is, from the cpu stack's own bench run.
         "bw_gbs": None,
         "bw_source": "not known for a virtual machine; the tiny model's bytes per round are negligible",
-        # `ds4deploy estimate cpu --calibrate docs/results/bench/cpu/smoke/run.json` (tests/unit/test_estimate.py fits it
-        # again and compares).
+        # `ds4deploy estimate cpu --calibrate docs/results/bench/cpu/smoke/run.json` (tests/unit/test_estimate.py
+        # fits it again and compares).
         "fitted": {"ctx_s": 0.0, "attn_s": 0.0, "t_round_s": 0.002379, "t_req_s": 0.02357, "tflops": 0.1484},
         "fitted_on": ["docs/results/bench/cpu/smoke/run.json (TTFT and aggregate of its 8 cells)"],
     },
