@@ -18,7 +18,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify bench bench-harness bench-multinode soak bundle clean check test-hosts conformance rehearse
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance rehearse
 
 help: ## this list (each target's own `##` comment)
 	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
@@ -168,6 +168,9 @@ bench-harness: venv ## [RECIPE=cpu] [REPEATS=6] the harness vs `vllm bench serve
 # Creates 8 x 512 MiB in /tmp (removed after); drops the page cache for cold runs when allowed (root).
 bench-verify: venv ## model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
 	$(BIN)/python -m tools.benchval.bench_verify
+
+estimate-backtest: venv ## every published cell of the reference systems against `ds4deploy estimate` -> docs/estimator.md
+	$(BIN)/python -m ds4deploy.plan.estimate.backtest
 
 PROFILE ?= smoke
 # The supervisor's progress probe would be other traffic in every cell: paused for the run, started again after.

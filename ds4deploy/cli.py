@@ -63,9 +63,10 @@ def _load_all(names: list[str]):
 
 def cmd_recipe_index(ns: argparse.Namespace) -> int:
     """Write recipes/README.md from the recipes, or with --check fail (exit 1) when the committed one is stale."""
+    from ds4deploy.plan.estimate import index_cell
     from ds4deploy.render.index import write_or_check
 
-    print(write_or_check(ns.check))
+    print(write_or_check(ns.check, index_cell))
     return 0
 
 
@@ -321,14 +322,14 @@ def _print_preflight(name: str, verdicts: list, show_all: bool, width: int, stde
     table = Table(title=f"preflight {name}", show_lines=False, expand=False)
     for col in ("rule", "verdict", "numbers", "remediation", "source"):
         table.add_column(col, overflow="fold")
-    style = {"pass": "green", "fail": "bold red", "warn": "magenta", "unknown": "yellow", "skip": "dim"}
+    style = {"pass": "green", "fail": "bold red", "warn": "yellow", "unknown": "yellow", "skip": "dim"}
     for v in shown:
         table.add_row(v.rule, f"[{style[v.status]}]{v.status}[/]", v.numbers, v.remediation, v.source)
     console = Console(width=width, stderr=stderr)
     console.print(table)
     counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "warn", "unknown", "skip")}
-    console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['warn']} warned, "
-                  f"{counts['unknown']} unknown, {counts['skip']} not applicable")
+    console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unknown']} unknown, "
+                  f"{counts['warn']} warnings, {counts['skip']} not applicable")
 
 
 def cmd_preflight(ns: argparse.Namespace) -> int:
@@ -363,6 +364,42 @@ def cmd_preflight(ns: argparse.Namespace) -> int:
     path = write_play_vars(recipe, hosts, "deploy", ns.inventory, bundle, model_from=model_from)
     print("control-host checks of the deploy passed; reading every node (ansible/preflight.yml, changes nothing)")
     return read_nodes(recipe.name, ns.inventory, path, model_from)
+
+
+def cmd_estimate(ns: argparse.Namespace) -> int:
+    """Capacity and speed of a recipe (`ds4deploy.plan.estimate`); exit 1 when one request of --context tokens
+    (default max_model_len) cannot fit the KV cache. With --calibrate, the hardware constants fitted to an owner's
+    bench run (--write keeps them in recipes/<recipe>.calibration.json)."""
+    from ds4deploy.plan import estimate as est
+    from ds4deploy.recipe.load import load_recipe
+
+    recipe = load_recipe(ns.recipe)
+    if ns.calibrate:
+        from ds4deploy.plan.estimate import calibrate
+
+        cls = est.hw_class(recipe)
+        try:
+            before = est.constants_for(recipe)[1]
+        except UserError:
+            before = None
+        fitted, cells = calibrate.calibrate(recipe, cls, Path(ns.calibrate))
+        print("\n".join(calibrate.calibration_lines(recipe, cls, fitted, cells, before)))
+        if ns.write:
+            path = est.calibration_path(recipe)
+            calibrate.write_calibration(path, cls, fitted, Path(ns.calibrate))
+            print(f"wrote {path}; commit it")
+        return 0
+    if ns.sessions < 1 or ns.prompt < 1 or (ns.output is not None and ns.output < 1):
+        raise UserError("--sessions, --prompt and --output must be at least 1", "pass positive numbers")
+    cap = est.capacity(recipe, ns.context)
+    print("\n".join(est.capacity_lines(cap)))
+    if cap.kv.need is not None and cap.kv.available is not None and cap.kv.need > cap.kv.available:
+        print(f"does not fit: one {cap.context:,}-token request needs more KV than the engine can allocate; the engine "
+              "refuses to start (preflight rule kv-capacity)")
+        return 1
+    sp, source = est.speed(recipe, ns.prompt, ns.sessions, ns.output, ns.acceptance, cap=cap)
+    print("\n".join(est.speed_lines(sp, source)))
+    return 0
 
 
 def cmd_summary(ns: argparse.Namespace) -> int:
@@ -656,6 +693,20 @@ def build_parser() -> argparse.ArgumentParser:
                     help="where to take artifact NAME from instead of its default URL: a mirror URL or a local file "
                     "(repeatable)")
     il.set_defaults(func=cmd_image_lock)
+
+    es = sub.add_parser("estimate", help="capacity (weights, KV, resident full-length sessions) and speed (decode, "
+                        "prefill, TTFT) of a recipe before deploying it; --calibrate fits the hardware constants to "
+                        "a bench run")
+    es.add_argument("recipe")
+    es.add_argument("--context", type=int, help="tokens per request for the capacity (default max_model_len)")
+    es.add_argument("--sessions", type=int, default=1, help="concurrent sessions (default 1)")
+    es.add_argument("--prompt", type=int, default=1024, help="prompt tokens per request (default 1024)")
+    es.add_argument("--output", type=int, help="tokens out per request (default benchmark.max_tokens, else 1024)")
+    es.add_argument("--acceptance", type=float, help="draft acceptance rate per token (default 0.85)")
+    es.add_argument("--calibrate", metavar="RUN_JSON", help="fit the hardware constants to this bench run.json")
+    es.add_argument("--write", action="store_true",
+                    help="with --calibrate: keep them in recipes/<recipe>.calibration.json")
+    es.set_defaults(func=cmd_estimate)
 
     pf = sub.add_parser("preflight", help="run the preflight rule book against a recipe (and an inventory)")
     pf.add_argument("recipe")

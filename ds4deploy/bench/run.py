@@ -363,6 +363,10 @@ def run_bench(ns: argparse.Namespace) -> int:
             write_html(records, out_dir / f"{profile.name}.html", title)
     bad = [r for r in records if not r["valid"]]
     print(f"wrote {out_dir / (profile.name + '.md')} ({len(records)} cells, {len(bad)} invalid)")
+    # What `ds4deploy estimate` predicted for each cell (docs/estimator.md); `estimate --calibrate` fits it to this run.
+    from ds4deploy.plan.estimate import bench_lines
+
+    print("\n".join(bench_lines(recipe, records, meta)))
     for r in bad:
         print(f"invalid: {r['cell_id']}: {'; '.join(r['flags'])}", file=sys.stderr)
     if stopped:

@@ -12,6 +12,7 @@ when the committed file is stale.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
@@ -85,11 +86,9 @@ REHEARSED = frozenset({"gx10x2-ds4-flash-fp8", "rtx3090x2-xeon-ds4-flash", "v100
 def status(r: Recipe) -> str:
     """``serves here`` for recipes that need no GPU (`make test` deploys the cpu recipes on the CI machine);
     ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``. Then, when they
-    apply: ``engine not public: <why>`` (the engine's registry, `ds4deploy.engines.engine_registry`) and ``KV holds N
-    of M full-length sessions`` when the KV pool cannot hold `max_num_seqs` sessions of `max_model_len`
-    (`ds4deploy.engines.kv_pool.full_length_sessions`, the figure preflight rule kv-pool-sessions warns with)."""
+    applies: ``engine not public: <why>`` (the engine's registry, `ds4deploy.engines.engine_registry`). How many
+    full-length sessions the KV cache holds is the estimator's column (`ds4deploy.plan.estimate.index_cell`)."""
     from ds4deploy.engines.engine_registry import load_registry
-    from ds4deploy.engines.kv_pool import full_length_sessions
 
     if r.hardware.gpus.count == 0:
         where = "serves here"
@@ -99,10 +98,6 @@ def status(r: Recipe) -> str:
     registry = load_registry(r)
     if registry is not None and not registry.public:
         notes.append(f"engine not public: {registry.not_public_why}")
-    claim = full_length_sessions(r)
-    if claim is not None and not claim.holds_claim:
-        notes.append(f"KV holds {claim.full_sessions} of {claim.max_num_seqs} full-length sessions "
-                     f"({claim.max_model_len:,} tokens; {claim.tokens_per_session:,} each when all are busy)")
     return "; ".join(notes)
 
 
@@ -151,8 +146,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def index_markdown(recipes: list[Recipe] | None = None) -> str:
-    """The whole recipes/README.md text (variants are listed with their recipe, not as rows)."""
+def index_markdown(recipes: list[Recipe] | None = None, predict: Callable[[Recipe], str] | None = None) -> str:
+    """The whole recipes/README.md text (variants are listed with their recipe, not as rows). `predict` gives the
+    "Predicted" column (``ds4deploy.plan.estimate.index_cell``: single-session decode and resident full-length
+    sessions); this layer cannot import the estimator, so the caller passes it."""
     if recipes is None:
         recipes = [load_recipe(p) for p in sorted(recipe_paths.RECIPES_DIR.glob("*.yaml"))]
     lines = [
@@ -162,21 +159,23 @@ def index_markdown(recipes: list[Recipe] | None = None) -> str:
         "do not edit. -->",
         "",
         "One YAML per deployment. Expected decode is one session's output rate in tok/s from the recipe's own "
-        "reference figures (`expected` in the YAML, with their sources). *serves here*: deployed and tested on this "
+        "reference figures (`expected` in the YAML, with their sources). Predicted: `ds4deploy estimate`'s "
+        "single-session decode tok/s at a 1,024-token prompt and how many full-length (max_model_len) sessions the "
+        "KV cache holds of max_num_seqs (docs/estimator.md). *serves here*: deployed and tested on this "
         "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
         "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
         "tests/rehearse); *needs the hardware*: the steps are what an owner of that hardware still has to do, in "
         "order.",
         "",
-        "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Status "
-        "| Steps for an owner |",
-        "|---|---|---|---|---|---|---|---|",
+        "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Predicted decode tok/s; "
+        "sessions | Status | Steps for an owner |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in recipes:
         variants = f" (variants: {', '.join(sorted(r.variants))})" if r.variants else ""
         steps = " ".join(f"{i}. {s}" for i, s in enumerate(owner_steps(r), 1))
         row = [f"[{r.name}]({r.name}.yaml){variants}", _hardware(r), _model(r), _engine(r), _parallel(r),
-               expected_decode(r), status(r), steps]
+               expected_decode(r), predict(r) if predict else "-", status(r), steps]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return "\n".join(lines) + "\n"
 
@@ -198,8 +197,9 @@ def check_inputs(recipes: list[Recipe]) -> None:
         load_lock(r)
 
 
-def write_or_check(check: bool) -> str:
-    """Write recipes/README.md, or with `check` compare it with what the recipes generate.
+def write_or_check(check: bool, predict: Callable[[Recipe], str] | None = None) -> str:
+    """Write recipes/README.md, or with `check` compare it with what the recipes generate (`predict` as in
+    `index_markdown`).
 
     Returns:
         A one-line report.
@@ -209,7 +209,7 @@ def write_or_check(check: bool) -> str:
     path = index_path()
     recipes = [load_recipe(p) for p in sorted(recipe_paths.RECIPES_DIR.glob("*.yaml"))]
     check_inputs(recipes)
-    text = index_markdown(recipes)
+    text = index_markdown(recipes, predict)
     if check:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             raise UserError(f"{path} is {'stale' if path.is_file() else 'missing'}: it differs from what the recipes "

@@ -101,6 +101,26 @@ def test_smoke_profile_measures_every_cell_honestly(bench):
     md = (bench.out / "smoke.md").read_text()
     assert "| cell | prompt tok (measured) | conc. |" in md
     assert (bench.out / "smoke.html").is_file() and (bench.out / "smoke" / "ttft_vs_prompt.png").is_file()
+    # Each cell measured against what `ds4deploy estimate` predicted for it.
+    assert "measured vs predicted" in p.stdout
+    assert all(f"  {c['cell_id']}: ttft_s " in p.stdout for c in got)
+    # The calibration loop on this run: the hardware constants fitted to the measured cells, written where the
+    # estimator reads them (a recipe directory of its own), and used by the next estimate.
+    recipes = bench.out.parent / "recipes"
+    recipes.mkdir(exist_ok=True)
+    shutil.copy(REPO / "recipes" / f"{RECIPE}.yaml", recipes)
+    shutil.copy(REPO / "recipes" / f"{RECIPE}.manifest.json", recipes)
+    env = {**os.environ, "DS4_RECIPES_DIR": str(recipes)}
+    run_json = str(bench.out / "smoke" / "run.json")
+    cal = subprocess.run([str(CLI), "estimate", RECIPE, "--calibrate", run_json, "--write"],
+                         capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert cal.returncode == 0, cal.stderr
+    assert "calibration of hardware class cpu-x86" in cal.stdout and "t_round_s " in cal.stdout
+    fitted = json.loads((recipes / f"{RECIPE}.calibration.json").read_text())["constants"]
+    assert fitted["t_round_s"] > 0 and fitted["tflops"] > 0
+    again = subprocess.run([str(CLI), "estimate", RECIPE], capture_output=True, text=True, timeout=300, check=False,
+                           env=env)
+    assert again.returncode == 0 and f"{RECIPE}.calibration.json" in again.stdout, again.stderr
 
 
 def test_unsalted_prompts_are_served_by_the_cache_and_flagged(bench, tmp_path):

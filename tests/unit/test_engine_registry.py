@@ -2,7 +2,7 @@
 it (ds4deploy/plan/preflight/engine.py): every reference recipe passes; each defect fixture
 (tests/unit/fixtures/engine_recipes: `extends:` a real recipe plus one defect) fails its rule, and only it, with one
 message naming the engine pin and what it registers; the cpu registry equals what the installed vLLM CPU package
-registers; the small KV-pool claim (ds4deploy/engines/kv_pool.py) on the reference recipes."""
+registers. (How many full-length sessions a KV pool holds: the estimator, tests/unit/test_estimate.py.)"""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from ds4deploy.build.engine_venv import ENGINE_PYTHON
-from ds4deploy.engines import engine_registry, kv_pool
+from ds4deploy.engines import engine_registry
 from ds4deploy.engines.engine_registry import NAME_FIELDS, extract_from_source, load_registry, registry_path
 from ds4deploy.plan import preflight
 from ds4deploy.plan.playvars import InputsRefused, check_inputs
@@ -150,54 +150,12 @@ def test_extraction_reads_literals_dicts_and_enums(tmp_path):
 # --- the memory claim (the small stand-in for the estimator) ----------------------------------------------------
 
 
-def test_the_gx10_pool_holds_one_full_length_session_and_preflight_warns():
-    r = load_recipe("gx10x2-ds4-flash-fp8")
-    claim = kv_pool.full_length_sessions(r)
-    assert claim.pool_gib == 12 and claim.pool_tokens == 1_139_756
-    assert (claim.full_sessions, claim.max_num_seqs) == (1, 6)
-    v = verdict(r, "kv-pool-sessions")
-    assert v.status == "warn"
-    assert "1 of 6 full-length (1,048,576-token) sessions" in v.numbers
-    assert preflight.Report(r.name, preflight.run(r)).exit_code in (0, 1)  # a warning never fails the run by itself
-    many = load_recipe("gx10x2-ds4-flash-fp8--many-users")
-    m = kv_pool.full_length_sessions(many)
-    assert m.pool_tokens == 1_329_715 and m.tokens_per_session == 110_809
-
-
-@pytest.mark.parametrize("name", ["cpu", "rtx3090x2-xeon-ds4-flash"])
-def test_pools_that_hold_their_claim_pass(name):
-    r = load_recipe(name)
-    assert kv_pool.full_length_sessions(r).holds_claim
-    assert verdict(r, "kv-pool-sessions").status == "pass"
-
-
-def test_the_cpu_pool_is_computed_from_the_generated_model():
-    claim = kv_pool.full_length_sessions(load_recipe("cpu"))
-    # 2 layers x 2 (K, V) x 2 KV heads x head_dim 64 x 2 bytes = 1 KiB per token; VLLM_CPU_KVCACHE_SPACE 1 GiB.
-    assert claim.pool_tokens == 1_048_576 and claim.full_sessions == 16
-
-
-def test_a_pool_too_small_for_its_sessions_warns_with_how_many_fit():
-    r = load_recipe("rtx3090x2-xeon-ds4-flash")
-    data = r.model_dump(mode="python")
-    data["memory"]["kv_cache_gib_per_gpu"] = 0.5
-    small = type(r).model_validate(data)
-    v = verdict(small, "kv-pool-sessions")
-    assert v.status == "warn" and "2 of 4 full-length (22,528-token) sessions" in v.numbers
-
-
-def test_no_per_token_figure_means_no_claim():
-    assert kv_pool.full_length_sessions(load_recipe("v100x8-ds41-flash-iq2")) is None
-    assert verdict(load_recipe("v100x8-ds41-flash-iq2"), "kv-pool-sessions").status == "unknown"
-
-
-def test_the_index_shows_the_claim_and_the_owner_engine():
+def test_the_index_shows_the_owner_engine():
     from ds4deploy.render.index import status
 
-    assert "KV holds 1 of 6 full-length sessions" in status(load_recipe("gx10x2-ds4-flash-fp8"))
     v100 = status(load_recipe("v100x8-ds41-flash-iq2"))
     assert "engine not public" in v100 and "owner's own port" in v100
-    assert "KV holds" not in status(load_recipe("cpu"))
+    assert "engine not public" not in status(load_recipe("cpu"))
 
 
 def test_registry_json_listing_is_stable():

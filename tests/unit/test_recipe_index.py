@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import shutil
 
+from ds4deploy.plan.estimate import index_cell
 from ds4deploy.render import index as recipe_index
 from tests.unit.conftest import REPO, run_cli
 
 
 def test_committed_index_is_what_the_recipes_generate():
     committed = (REPO / "recipes" / "README.md").read_text(encoding="utf-8")
-    assert committed == recipe_index.index_markdown(), "recipes/README.md is stale: run `ds4deploy recipe index`"
+    assert committed == recipe_index.index_markdown(predict=index_cell), \
+        "recipes/README.md is stale: run `ds4deploy recipe index`"
 
 
 def test_every_recipe_has_a_row_and_the_readme_links_the_index():
@@ -30,10 +32,10 @@ def test_owner_steps_follow_what_is_committed_and_check_fails_when_stale(recipe_
     text = (recipe_dir / "README.md").read_text()
     assert f"`ds4deploy model lock {name}` (records every file's digest from the hub" in text
     # Per-session decode cells of the reference table; the GX10 pair is in `make test`'s rehearsal (REHEARSED).
-    # The status also says how many full-length sessions its KV pool holds (ds4deploy.engines.kv_pool).
-    assert ("| 45.9-56.1 | rehearsed here, needs the hardware; KV holds 1 of 6 full-length sessions (1,048,576 tokens; "
-            "189,959 each when all are busy) |") in text
-    assert "| 500-1500 | serves here | 1. `make deploy RECIPE=cpu` |" in text
+    assert "| 45.9-56.1 | " in text and "| rehearsed here, needs the hardware |" in text
+    # The estimator's column: one session's predicted decode, and one of six full-length sessions resident.
+    assert "; 1 of 6 resident | rehearsed here" in text
+    assert "| 500-1500 | " in text and "| serves here | 1. `make deploy RECIPE=cpu` |" in text
     # Once the owner commits the manifest, the lock step is gone and the committed index is stale.
     (recipe_dir / f"{name}.manifest.json").write_text(json.dumps(
         {"recipe": name, "source": "hub", "repo_id": "deepseek-ai/DeepSeek-V4-Flash-0731",
@@ -42,4 +44,4 @@ def test_owner_steps_follow_what_is_committed_and_check_fails_when_stale(recipe_
     p = run_cli("recipe", "index", "--check", env_dir=recipe_dir)
     assert p.returncode == 1 and "README.md is stale" in p.stderr and "ds4deploy recipe index" in p.stderr
     assert "Traceback" not in p.stderr
-    assert f"ds4deploy model lock {name}" not in recipe_index.index_markdown()
+    assert f"ds4deploy model lock {name}" not in recipe_index.index_markdown(predict=index_cell)

@@ -13,14 +13,15 @@ Host facts come from an Ansible inventory (``--inventory``), per host::
 
 Units: GB = 10**9 bytes, GiB = 2**30 bytes; every memory number is printed in both where both appear.
 
-One module per rule family (as ansible-lint keeps one rule per file): `memory`, `speculative`, `architecture`,
-`fabric`, `model`, `field_reports`, `serving`, `engine` (what the pinned engine registers), `kv_claims` (how many
-full-length sessions the KV pool holds); `rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
+One module per rule family (as ansible-lint keeps one rule per file): `memory`, `capacity`, `speculative`,
+`architecture`, `fabric`, `model`, `field_reports`, `serving`, `engine` (what the pinned engine registers);
+`rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
 """
 
 # Importing a family registers its rules; this order is the rule book's order.
 from ds4deploy.plan.preflight import (  # noqa: F401, I001
     memory,
+    capacity,
     speculative,
     architecture,
     fabric,
@@ -28,7 +29,6 @@ from ds4deploy.plan.preflight import (  # noqa: F401, I001
     field_reports,
     serving,
     engine,
-    kv_claims,
 )
 from ds4deploy.plan.preflight.rulebook import RULES, Report, Rule, Verdict, run
 
