@@ -161,10 +161,22 @@ class Rehearsal:
 
     # -- set-up -------------------------------------------------------------------------------------------------
     def _model(self) -> Path:
-        """Tiny stand-in model files: a hub repository's, or a local GGUF recipe's split files."""
+        """Tiny stand-in model files: a hub repository's, or a local GGUF recipe's (its one file and the paths the
+        engine is given inside it, or split files)."""
         d = self.tmp / "model"
         d.mkdir()
         if self.recipe.model.source == "local":
+            from ds4deploy.plan.preflight.engine import model_mount_paths
+
+            if self.recipe.model.file:
+                # The one file the engine loads, and a stand-in file in every other path it is given inside the
+                # model (tokenizer and config directories, the Engram tables): preflight rule engine-model-paths.
+                (d / self.recipe.model.file).write_bytes(b"GGUF" + os.urandom(4096))
+                for _, rel in model_mount_paths(self.recipe):
+                    if rel != self.recipe.model.file:
+                        (d / rel).mkdir(parents=True, exist_ok=True)
+                        (d / rel / "rehearsal-stand-in.json").write_text("{}\n")
+                return d
             for i in (1, 2):
                 (d / f"model-{i:05d}-of-00002.gguf").write_bytes(b"GGUF" + os.urandom(4096))
             return d

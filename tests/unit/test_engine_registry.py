@@ -162,3 +162,38 @@ def test_registry_json_listing_is_stable():
     """The files are the single source: the rules read them, nothing copies their lists."""
     text = json.dumps(load_registry(load_recipe("cpu")).data["tool_call_parsers"])
     assert "hermes" in text
+
+
+def _v100_with_manifest(recipe_dir, names):
+    """The V100 recipe in the scratch recipes/ with a manifest of a copy holding `names`."""
+    import shutil
+
+    from tests.unit.conftest import REPO
+
+    name = "v100x8-ds41-flash-iq2"
+    shutil.copy(REPO / "recipes" / f"{name}.yaml", recipe_dir / f"{name}.yaml")
+    files = {n: {"size": 1, "sha256": "0" * 64} for n in names}
+    (recipe_dir / f"{name}.manifest.json").write_text(json.dumps({"recipe": name, "source": "local", "files": files}))
+    return load_recipe(name)
+
+
+def test_the_paths_the_engine_is_given_must_be_in_the_model_copy(recipe_dir):
+    """--model's .gguf file, --tokenizer / --hf-config-path and the Engram directory, against the manifest: a copy
+    without them would stop the engine only after it is staged."""
+    full = ["DeepSeek-V4.1-Flash-1017-IQ2_XXS.gguf", "hf/config.json", "hf/tokenizer.json",
+            "engram/layers.1.engram.embed.safetensors"]
+    ok = verdict(_v100_with_manifest(recipe_dir, full), "engine-model-paths")
+    assert ok.status == "pass", ok
+    assert "serving.extra_args.hf-config-path /model/hf" in ok.numbers
+    parts = ["DeepSeek-V4.1-Flash-1017-IQ2_XXS-00001-of-00002.gguf",
+             "DeepSeek-V4.1-Flash-1017-IQ2_XXS-00002-of-00002.gguf", "hf/config.json"]
+    bad = verdict(_v100_with_manifest(recipe_dir, parts), "engine-model-paths")
+    assert bad.status == "fail"
+    assert "model.file /model/DeepSeek-V4.1-Flash-1017-IQ2_XXS.gguf" in bad.numbers
+    assert "engine.env.VLLM_DS41_CORE_ENGRAM_DIR /model/engram" in bad.numbers
+    assert "hf-config-path" not in bad.numbers
+
+
+def test_model_paths_apply_only_where_the_engine_is_given_some():
+    assert verdict(load_recipe("gx10x2-ds4-flash-fp8"), "engine-model-paths").status == "skip"
+    assert verdict(load_recipe("v100x8-ds41-flash-iq2"), "engine-model-paths").status == "unknown"  # no manifest yet

@@ -158,7 +158,7 @@ def test_every_rule_has_a_counterexample_or_host_test():
                                                   "model-pin", "image-pins", "multinode-socket-ifname", "instances-fit",
                                                   "dspark-seqs-32", "bench-max-tokens"}
     # The engine-registry rules and the KV-pool claim: their defect recipes are in tests/unit/test_engine_registry.py.
-    covered |= {"engine-names", "engine-env", "engine-capabilities", "engine-cuda"}
+    covered |= {"engine-names", "engine-env", "engine-capabilities", "engine-cuda", "engine-model-paths"}
     assert {r.id for r in preflight.RULES} == covered
     assert all(r.source for r in preflight.RULES)
 

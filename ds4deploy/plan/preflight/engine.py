@@ -193,3 +193,39 @@ def _cuda(r: Recipe, hosts):
     return "fail", nums + " (" + "; ".join(bad) + ")", (
         f"build on the engine's own CUDA ({', '.join(versions) or 'none'}) for {', '.join(archs)}, or pin an engine "
         "built for this GPU")
+
+
+def model_mount_paths(r: Recipe) -> list[tuple[str, str]]:
+    """Every path inside the model mount the engine is given, ``(where, path relative to the mount)``: the model
+    file (``model.file``), ``serving.extra_args`` values and ``engine.env`` values under ``/model/``."""
+    from ds4deploy.engines.vllm import CONTAINER_MODEL_DIR
+
+    prefix = CONTAINER_MODEL_DIR + "/"
+    out = [("model.file", r.model.file)] if r.model.file else []
+    out += [(f"serving.extra_args.{k}", str(v)[len(prefix):]) for k, v in r.serving.extra_args.items()
+            if isinstance(v, str) and v.startswith(prefix)]
+    out += [(f"engine.env.{k}", v[len(prefix):]) for k, v in r.engine.env.items() if v.startswith(prefix)]
+    return [(where, rel.rstrip("/")) for where, rel in out]
+
+
+@rule("engine-model-paths", "every path inside the model the engine is given is in the model's manifest",
+      "the engine opens these paths at start, after the model is copied to the nodes: a file the copy lacks stops it "
+      "only then (the manifest, recipes/<name>.manifest.json, lists every file of the copy)",
+      lambda r: bool(model_mount_paths(r)))
+def _model_paths(r: Recipe, hosts):
+    from ds4deploy.core.errors import UserError
+    from ds4deploy.model.manifest import load_manifest, manifest_path
+
+    paths = model_mount_paths(r)
+    nums = ", ".join(f"{where} /model/{rel}" for where, rel in paths)
+    try:
+        files = set(load_manifest(r)["files"])
+    except UserError as exc:
+        return "unknown", f"{nums}; {exc.cause}", exc.fix
+    missing = [f"{where} /model/{rel}" for where, rel in paths
+               if rel not in files and not any(f.startswith(rel + "/") for f in files)]
+    if not missing:
+        return "pass", f"{nums}: all in {manifest_path(r).name}", ""
+    return "fail", f"{manifest_path(r).name} has no {', '.join(missing)}", (
+        "add the files to the model copy and lock it again (`ds4deploy model lock <recipe> --from <dir>`), or point "
+        "the recipe at the names the copy has")
