@@ -28,11 +28,11 @@ PROBE = Path(__file__).with_name("parser_probe.py")
 # Model-output chunkings fed to the streaming parser: BPE-like pieces, one character at a time, and fixed widths
 # (special tokens always whole, as a real tokenizer has them).
 CHUNKINGS = ["tokens", "chars", "width:3", "width:7"]
-# The argument case whose body is long enough to see buffering (3,000 characters), and the stretch of model output
+# The argument case whose body is long enough to see buffering (8,000 characters), and the stretch of model output
 # that may pass without an argument fragment before it counts as buffered: a streaming parser emits the body as it
 # arrives, so a silence of more than a few tokens over a string body is the #52846 symptom (the bug holds the body
-# until the next '>' or the closing tag: 1,592 characters here).
-LONG_CASE = "file"
+# until the next '>' or the closing tag).
+LONG_CASE = "file_large"
 BUFFERED_CHARS = 256
 # A string argument that carries DSML's own closing markup cannot round-trip through DSML, which has no escape
 # (vllm/tokenizers/deepseek_v4_encoding.py writes string values raw between the parameter tags): a limit of the
@@ -337,4 +337,37 @@ def run_parsers(ns) -> int:
                                                          "recipes": rows}, indent=1, ensure_ascii=False) + "\n")
     atomic_write_text(out / "parsers.md", markdown(meta, analysed, rows))
     print(f"wrote {out / 'parsers.json'} and {out / 'parsers.md'}")
+    if not ns.out:
+        for path in write_recipe_sections(REPO_ROOT / "docs" / "recipes", rows):
+            print(f"wrote the parser section of {path}")
     return 0
+
+
+SECTION_BEGIN = "<!-- BEGIN known parser bugs (ds4deploy conformance parsers) -->"
+SECTION_END = "<!-- END known parser bugs -->"
+
+
+def recipe_section(row: dict) -> str:
+    """The delimited section a recipe's docs/recipes/<name>.md carries: the known bugs found at its pin."""
+    lines = [SECTION_BEGIN, "## Known tool-call parser bugs at this engine pin", "",
+             f"`make conformance-parsers` runs this recipe's `{row['tool_parser']}` parser code offline "
+             f"({row['pin']}) on realistic arguments, whole and token by token; all pins and cases: "
+             "[../conformance/parsers.md](../conformance/parsers.md).", ""]
+    for b in row["bugs"]:
+        ref = f"[{b['bug']}]({b['url']})" if b["url"] else b["bug"]
+        lines.append(f"- {ref}: {b['title']}. Seen here: {b['evidence']}. Fix: {b['fix']}.")
+    return "\n".join([*lines, SECTION_END]) + "\n"
+
+
+def write_recipe_sections(docs_dir: Path, rows: list[dict]) -> list[Path]:
+    """Write `recipe_section` into each docs/recipes/<recipe>.md that exists and whose pin has a known bug (variants
+    share their base recipe's page); the rest of the page is left as it is. Returns the pages written."""
+    from ds4deploy.docs_section import write_section
+
+    written = []
+    for row in rows:
+        page = docs_dir / f"{row['recipe']}.md"
+        if row["bugs"] and page.is_file():
+            write_section(page, SECTION_BEGIN, SECTION_END, recipe_section(row), row["recipe"])
+            written.append(page)
+    return written

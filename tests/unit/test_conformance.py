@@ -368,6 +368,8 @@ def test_every_argument_case_is_forced_by_its_own_schema():
                 jsonschema.validate(other, c.schema())
     file_case = next(c for c in arguments.ARG_CASES if c.name == "file")
     assert len(file_case.args["content"]) == arguments.FILE_BYTES
+    large = next(c for c in arguments.ARG_CASES if c.name == "file_large")
+    assert len(large.args["content"]) == arguments.LARGE_FILE_BYTES and not large.live
 
 
 def _captured(name: str) -> list[dict]:
