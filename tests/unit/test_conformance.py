@@ -114,6 +114,10 @@ def test_matrix_passes_on_the_cpu_engine(matrix):
     want = {(c.name, m.label) for c in cases.CASES for m in c.modes}
     assert {(r["case"], r["mode"]) for r in rep["results"]} == want
     assert "| tools.named | stream+think | pass |" in md
+    # the counts per mode add up to the rows of that mode, and the page shows them
+    for mode, counts in rep["by_mode"].items():
+        assert sum(counts.values()) == sum(r["mode"] == mode for r in rep["results"])
+    assert f"| stream+think | {rep['by_mode']['stream+think']['pass']} | " in md
 
 
 def test_forced_modes_pass_and_model_choices_are_model_dependent(matrix):
