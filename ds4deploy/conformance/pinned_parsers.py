@@ -278,6 +278,12 @@ def markdown(meta: dict, analysed: dict[str, dict], rows: list[dict]) -> str:
                 cell += ": " + (row.get("format_limit") or row["problems"][0])[:220]
             cells.append(cell.replace("|", "\\|").replace("\n", " "))
         lines.append(f"| args.{c.name} | " + " | ".join(cells) + " |")
+    lines += ["", "## Known bugs looked for", "", "| bug | what a client sees | " + " | ".join(
+        f"vLLM {v}" for v in sorted(analysed)) + " |", "|---|---|" + "---|" * len(analysed)]
+    for key, bug in KNOWN_BUGS.items():
+        ref = f"[{key}]({bug.url})" if bug.url else key
+        found = ["found" if analysed[v]["bugs"].get(key) else "not reproduced" for v in sorted(analysed)]
+        lines.append(f"| {ref} | {bug.title.replace('|', '/')} | " + " | ".join(found) + " |")
     lines += ["", "## Known bugs per recipe", "", "| recipe | engine | parser | code run | known bugs at the pin |",
               "|---|---|---|---|---|"]
     for row in rows:
