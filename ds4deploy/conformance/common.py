@@ -354,7 +354,7 @@ class Case:
     @property
     def doc(self) -> str:
         """The first sentence of the case function's docstring."""
-        return (self.run.__doc__ or "").strip().split("\n\n")[0].replace("\n", " ")
+        return " ".join((self.run.__doc__ or "").strip().split("\n\n")[0].split())
 
 
 THINK_MODES = [Mode(None, False), Mode(None, True)]
