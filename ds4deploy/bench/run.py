@@ -38,6 +38,7 @@ import httpx
 from ds4deploy.bench import clocks, telemetry
 from ds4deploy.bench import metrics as prom
 from ds4deploy.bench.aggregate import summarize
+from ds4deploy.bench.docs_section import RESULTS_DIR
 from ds4deploy.bench.expected import compare
 from ds4deploy.bench.lock import ServerLock
 from ds4deploy.bench.profiles import CellSpec, Profile, effective_max_tokens, expand, load_profile
@@ -55,7 +56,6 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.core.net import base_url
 from ds4deploy.operate.key_file import parse_env_file, read_api_key
 from ds4deploy.recipe.load import load_recipe
-from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Recipe
 
 # A cell is a cache hit when more than 1 % of its prompt tokens came from the prefix cache, beyond 32 tokens per
@@ -79,8 +79,9 @@ STREAM_CHECK_MIN_S = 0.05
 STREAM_CHECK_MIN_LENGTH = 16
 # ... and when more than a quarter of its requests are implausible one by one: every token in one read, or a client
 # rate outside 0.5-2x the server's. On the quiet 2-core host (5 smoke runs, 40 cells:
-# docs/bench-harness-runs/2026-11-30-smoke-quiet.txt) single requests ranged 0.67-1.38x, none outside the band and
-# none in one read; with the host loaded, most requests of a flagged cell were (tests/infra/test_bench_live.py).
+# docs/results/bench-harness-runs/2026-11-30-smoke-quiet.txt) single requests ranged 0.67-1.38x, none outside the
+# band and none in one read; with the host loaded, most requests of a flagged cell were
+# (tests/infra/test_bench_live.py).
 STREAM_REQUEST_BAND = (0.5, 2.0)
 STREAM_OFF_SHARE = 0.25
 # Seconds to wait for a response chunk: must exceed the longest TTFT (docs/sources.md#gx10-context-table: 555.55 s at
@@ -301,7 +302,7 @@ def run_bench(ns: argparse.Namespace) -> int:
     key = read_key(recipe, ns.key_file)
     model = ns.model or recipe.model.served_name
     max_tokens = effective_max_tokens(profile, recipe)
-    out_dir = Path(ns.out) if ns.out else REPO_ROOT / "docs" / "bench" / recipe.name
+    out_dir = Path(ns.out) if ns.out else RESULTS_DIR / "bench" / recipe.name
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     run_id = secrets.token_hex(4)
     salted = not ns.no_salt

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 from ds4deploy.bench.aggregate import summarize
-from ds4deploy.bench.docs_section import write_section
+from ds4deploy.bench.docs_section import RESULTS_DIR, write_section
 from ds4deploy.bench.lock import ServerLock
 from ds4deploy.bench.prompts import CONTENT_TYPES, TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.report import atomic_write_text
@@ -238,7 +238,7 @@ def run_soak(ns: argparse.Namespace) -> int:
                     ns.timeout)
     container = ns.container or (engine_container(recipe) if ns.url is None else None)
     run_id = secrets.token_hex(4)
-    out_dir = Path(ns.out) if ns.out else Path("docs") / "bench" / recipe.name
+    out_dir = Path(ns.out) if ns.out else RESULTS_DIR / "bench" / recipe.name
     with ServerLock(url), httpx.Client(headers=headers, timeout=httpx.Timeout(600, connect=30)) as client:
         check_server(client, url, model)
         counter = TokenCounter(client, url, model)

@@ -34,8 +34,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ds4deploy.recipe import paths as recipe_paths
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.secret_scan import strip_userinfo
+from ds4deploy.core.yamlio import load_json
+from ds4deploy.recipe import paths as recipe_paths
 from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Recipe
 
@@ -63,6 +67,33 @@ class Artifact:
     def sha_arg(self) -> str:
         """The build argument that carries its sha256, e.g. ``LVLLMDS4X_SHA256``."""
         return f"{self.name}_SHA256"
+
+
+# An artifact's file name: one path component, so ``<cache>/artifacts/<sha256>/<file>`` and the build context's
+# ``wheelhouse/<file>`` stay inside their directories (no '/', no '..', no leading '.'); wheel and sdist names use
+# only these characters (PEP 427 file name convention, https://peps.python.org/pep-0427/#file-name-convention).
+FILE_RE = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
+SHA256_RE = r"^[0-9a-f]{64}$"
+
+
+class LockEntry(BaseModel):
+    """One artifact in ``recipes/<name>.lock.json``: its file name, the URL it was fetched from (no userinfo),
+    size in bytes, sha256 (64 lower-case hex)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    file: str = Field(pattern=FILE_RE)
+    url: str = Field(pattern=r"^https?://[^@\s]+$")
+    size: int = Field(ge=0)
+    sha256: str = Field(pattern=SHA256_RE)
+
+
+class ImageLock(BaseModel):
+    """``recipes/<name>.lock.json``: which recipe and image it locks, and each artifact's `LockEntry` by name."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    recipe: str
+    image: str
+    artifacts: dict[str, LockEntry]
 
 
 _ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
@@ -98,6 +129,10 @@ def image_artifacts(recipe: Recipe) -> list[Artifact]:
             raise UserError(f"{dockerfile.relative_to(REPO_ROOT)} declares {key} but not {name}_WHEEL (or {name}_FILE) "
                             f"and {name}_URL, so the artifact it checks has no file name or download URL",
                             f"declare ARG {name}_WHEEL and ARG {name}_URL (or set them in engine.image.build_args)")
+        if not re.match(FILE_RE, file):
+            raise UserError(f"{name}_WHEEL (or {name}_FILE) is {file!r}: an artifact file name must be one plain file "
+                            "name (no '/', no '..'), since it is written under the cache and the build context",
+                            f"set {name}_WHEEL to the file's own name, e.g. lvllmds4_x-2.3.8-cp312-...whl")
         out.append(Artifact(name, file, f"{base.rstrip('/')}/{file}"))
     return out
 
@@ -116,23 +151,39 @@ def cached_path(sha256: str, file: str) -> Path:
 
 
 def load_lock(recipe: Recipe) -> dict | None:
-    """The committed lock, or None when there is none.
+    """The committed lock, or None when there is none. Read through the bounded reader (`ds4deploy.core.yamlio`) and
+    checked against `ImageLock`, and against the recipe: a lock that names another recipe or image (copied or edited
+    by hand) locks nothing of this one.
 
     Raises:
-        UserError: the lock is not valid JSON or lacks its ``artifacts`` mapping.
+        UserError: the lock is not valid JSON, does not match the schema (the field named), or names another
+            recipe or image.
     """
     path = lock_path(recipe)
     if not path.is_file():
         return None
+    fix = f"delete {path} and run `ds4deploy image lock {recipe.base_name}`, then commit it"
+    data = load_json(path, fix)
     try:
-        lock = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}",
-                        f"delete it and run `ds4deploy image lock {recipe.base_name}`") from None
-    if not isinstance(lock, dict) or not isinstance(lock.get("artifacts"), dict):
-        raise UserError(f"{path} has no artifacts mapping",
-                        f"delete it and run `ds4deploy image lock {recipe.base_name}`")
-    return lock
+        ImageLock.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = err.get("input")
+        if len(err["loc"]) == 2 and err["loc"][0] == "artifacts" and not isinstance(got, dict):
+            problem = f"{where} is {type(got).__name__} {got!r}, not a mapping {{file, url, size, sha256}}"
+        elif err["type"] == "missing":
+            problem = f"{where} is missing"
+        elif isinstance(got, dict | list):
+            problem = f"{where}: {err['msg']}"
+        else:
+            problem = f"{where} = {got!r}: {err['msg']}"
+        raise UserError(f"{path}: {problem} ({len(exc.errors())} problem(s) in the lock)", fix) from None
+    for key, want in (("recipe", recipe.base_name), ("image", recipe.engine.image.arch)):
+        if data[key] != want:
+            raise UserError(f"{path} locks {key} {data[key]!r}, but recipe '{recipe.base_name}' is {key} {want!r}: "
+                            "a lock copied from another recipe (or edited) locks nothing of this one", fix)
+    return data
 
 
 def _sha256(path: Path) -> str:
@@ -174,7 +225,7 @@ def _download(url: str, into: Path, name: str) -> str:
         os.replace(tmp, into)
     except httpx.HTTPError as exc:
         reason = _http_reason(exc)
-        raise UserError(f"could not download {url}: {reason}",
+        raise UserError(f"could not download {strip_userinfo(url)}: {strip_userinfo(reason)}",
                         f"download it where the URL is reachable and pass the file with --artifact {name}=PATH (or a "
                         f"reachable mirror with --artifact {name}=URL; https_proxy is honoured)") from None
     except OSError as exc:
@@ -251,8 +302,10 @@ def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, boo
     for art in arts:
         source = sources.get(art.name, art.url)
         sha, size = _obtain(art, source)
-        entries[art.name] = {"file": art.file, "url": source if _is_url(source) else art.url, "size": size,
-                             "sha256": sha}
+        # The lock is committed: a mirror's credentials (https://user:password@mirror/...) are used for the
+        # download and never recorded.
+        entries[art.name] = {"file": art.file, "url": strip_userinfo(source if _is_url(source) else art.url),
+                             "size": size, "sha256": sha}
     lock = {"recipe": recipe.base_name, "image": recipe.engine.image.arch, "artifacts": entries}
     if committed is not None:
         diff = [f"{n}: {e['file']} has sha256 {e['sha256']}, {path.name} says "

@@ -8,9 +8,9 @@
 - `ds4deploy.conformance.cases`: the matrix (every case, its API and modes, in report order).
 - `ds4deploy.conformance.runner`: resolves the server (recipe or ``--url``), checks it can be tested at all, runs
   every case in every mode that applies and prints the table.
-- `ds4deploy.conformance.report`: the JSON and markdown reports (docs/conformance/<recipe>/), counts per mode.
+- `ds4deploy.conformance.report`: the JSON and markdown reports (docs/results/conformance/<recipe>/), counts per mode.
 - `ds4deploy.conformance.record`: the recording proxy (`ds4deploy conformance record`) and the recorded request
   shapes the matrix replays.
 - `ds4deploy.conformance.pinned_parsers` (+ `parser_probe`, run inside the engine venv): the pinned engines' own
-  DeepSeek V4 parsers run offline (`ds4deploy conformance parsers`, docs/conformance/parsers.md).
+  DeepSeek V4 parsers run offline (`ds4deploy conformance parsers`, docs/results/conformance/parsers.md).
 """

@@ -8,8 +8,8 @@ with the pin's ``vllm`` first on the path) feeds it each realistic argument case
 `ds4deploy.conformance.arguments` written in DSML by the pin's own encoder, whole and token by token, and
 `analyse` checks what came back against the case's exact value and the known upstream bugs (`KNOWN_BUGS`).
 
-`ds4deploy conformance parsers` writes docs/conformance/parsers.{json,md}: per recipe, its engine pin, the parser
-it runs, whether that code could be run here, each case's result and each known bug found at the pin.
+`ds4deploy conformance parsers` writes docs/results/conformance/parsers.{json,md}: per recipe, its engine pin, the
+parser it runs, whether that code could be run here, each case's result and each known bug found at the pin.
 """
 
 from __future__ import annotations
@@ -254,7 +254,7 @@ def recipe_rows(recipes, analysed: dict[str, dict]) -> list[dict]:
 
 
 def markdown(meta: dict, analysed: dict[str, dict], rows: list[dict]) -> str:
-    """docs/conformance/parsers.md: what was run, each pin's case results, each recipe's known bugs."""
+    """docs/results/conformance/parsers.md: what was run, each pin's case results, each recipe's known bugs."""
     lines = [
         "# Pinned parsers, offline",
         "",
@@ -308,13 +308,14 @@ def pins_to_run(root: Path, recipes) -> list[Pin]:
 
 def run_parsers(ns) -> int:
     """Entry point of `ds4deploy conformance parsers`: fetch each pin's parser code, run the probe on it, write
-    docs/conformance/parsers.{json,md} (or ``--out``). Returns 0; a known bug found is reported, not an error.
+    docs/results/conformance/parsers.{json,md} (or ``--out``). Returns 0; a known bug found is reported, not an error.
 
     Raises:
         UserError: no engine venv, a pin that cannot be fetched, or a probe that did not run.
     """
     from datetime import UTC, datetime
 
+    from ds4deploy.bench.docs_section import RESULTS_DIR
     from ds4deploy.bench.report import atomic_write_text
     from ds4deploy.build.engine_venv import ENGINE_PYTHON
     from ds4deploy.recipe.load import all_recipes
@@ -337,7 +338,7 @@ def run_parsers(ns) -> int:
                                                   for k, v in analysed[pin.version]["bugs"].items()), flush=True)
     rows = recipe_rows(recipes, analysed)
     meta = {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"), "chunkings": CHUNKINGS}
-    out = Path(ns.out) if ns.out else REPO_ROOT / "docs" / "conformance"
+    out = Path(ns.out) if ns.out else RESULTS_DIR / "conformance"
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "parsers.json", json.dumps({"schema": "ds4deploy-parsers/1", **meta, "pins": analysed,
                                                          "recipes": rows}, indent=1, ensure_ascii=False) + "\n")
@@ -358,7 +359,7 @@ def recipe_section(row: dict) -> str:
     lines = [SECTION_BEGIN, "## Known tool-call parser bugs at this engine pin", "",
              f"`make conformance-parsers` runs this recipe's `{row['tool_parser']}` parser code offline "
              f"({row['pin']}) on realistic arguments, whole and token by token; all pins and cases: "
-             "[../conformance/parsers.md](../conformance/parsers.md).", ""]
+             "[../results/conformance/parsers.md](../results/conformance/parsers.md).", ""]
     for b in row["bugs"]:
         ref = f"[{b['bug']}]({b['url']})" if b["url"] else b["bug"]
         lines.append(f"- {ref}: {b['title']}. Seen here: {b['evidence']}. Fix: {b['fix']}.")

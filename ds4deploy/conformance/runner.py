@@ -3,8 +3,8 @@ every case in every mode that applies, print the table, write the reports.
 
 Order: resolve the server (the recipe's address, port, key file and model, or the flags), check it can be tested
 at all (reachable, key accepted, OpenAI-compatible, the model served: else one message, exit 2), run the matrix,
-print the table, write docs/conformance/<recipe>/conformance.{json,md}. Exit 0 when nothing failed, 1 when a case
-failed.
+print the table, write docs/results/conformance/<recipe>/conformance.{json,md}. Exit 0 when nothing failed, 1 when
+a case failed.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import anthropic
 import httpx
 import openai
 
+from ds4deploy.bench.docs_section import RESULTS_DIR
 from ds4deploy.bench.run import read_key
 from ds4deploy.bench.stream import error_text
 from ds4deploy.conformance import cases, report
@@ -32,7 +33,6 @@ from ds4deploy.conformance.record import load_shapes
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.net import base_url
 from ds4deploy.recipe.load import load_recipe
-from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Benchmark, Recipe
 
 
@@ -191,7 +191,7 @@ def run_conformance(ns: argparse.Namespace) -> int:
     console.print(report.table(meta, results))
     console.print(report.summary_line(meta, results))
     console.print(report.mode_line(results))
-    out = Path(ns.out) if ns.out else REPO_ROOT / "docs" / "conformance" / (recipe.name if recipe else _slug(url))
+    out = Path(ns.out) if ns.out else RESULTS_DIR / "conformance" / (recipe.name if recipe else _slug(url))
     docs = {c.name: c.doc for c in chosen}
     for path in report.write(out, meta, results, docs):
         console.print(f"wrote {path}")

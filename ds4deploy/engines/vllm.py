@@ -72,48 +72,93 @@ def json_arg(name: str, value: str) -> str:
     return dump_json(parsed, f"serving.extra_args.{name}")
 
 
+# Recipe field -> the vLLM flag(s) it becomes. `engine_args` writes every flag it derives from a field through `flag`,
+# that is from this table, and docs/recipe-reference.md (`ds4deploy.plan.reference`) reads the same table: the
+# reference cannot name another flag than the render writes. A field with two flags gets one of them: prefix caching
+# on/off; the rendezvous port as --master-port (multinode nnodes) or --data-parallel-rpc-port (data_parallel).
+FIELD_FLAGS: dict[str, tuple[str, ...]] = {
+    "model.path": ("--model",),  # mounted read-only at CONTAINER_MODEL_DIR, which the flag names
+    "model.served_name": ("--served-model-name",),
+    "model.aliases": ("--served-model-name",),  # further names after served_name
+    "serving.bind_address": ("--host",),  # `listen_host`: 0.0.0.0 on bridge networking, loopback behind the door
+    "serving.port": ("--port",),  # `Recipe.engine_port`
+    "serving.front_door.engine_port": ("--port",),
+    "model.dtype": ("--dtype",),
+    "serving.max_model_len": ("--max-model-len",),
+    "serving.max_num_seqs": ("--max-num-seqs",),
+    "serving.gpu_memory_utilization": ("--gpu-memory-utilization",),
+    "parallelism.tensor": ("--tensor-parallel-size",),
+    "parallelism.pipeline": ("--pipeline-parallel-size",),
+    "model.quantization": ("--quantization",),
+    "serving.max_num_batched_tokens": ("--max-num-batched-tokens",),
+    "serving.kv_cache_dtype": ("--kv-cache-dtype",),
+    "serving.tokenizer_mode": ("--tokenizer-mode",),
+    "serving.speculative": ("--speculative-config",),
+    "serving.tool_call_parser": ("--tool-call-parser",),
+    "serving.enable_auto_tool_choice": ("--enable-auto-tool-choice",),
+    "serving.reasoning_parser": ("--reasoning-parser",),
+    "serving.enable_prefix_caching": ("--enable-prefix-caching", "--no-enable-prefix-caching"),
+    "serving.default_max_tokens": ("--override-generation-config",),  # as max_new_tokens
+    "hardware.nodes": ("--nnodes",),
+    "parallelism.data": ("--data-parallel-size",),
+    "fabric.master_port": ("--master-port",),
+    "parallelism.master_port": ("--master-port", "--data-parallel-rpc-port"),
+}
+# Fields whose entries pass through one by one (what the reference says of them).
+FIELD_PASSTHROUGH = {
+    "serving.extra_args": "each entry as --<name> <value> (true: the bare flag, false: --no-<name>)",
+    "engine.env": "each entry as NAME=value in the engine's environment",
+}
+
+
+def flag(field: str, which: int = 0) -> str:
+    """The vLLM flag recipe field `field` becomes (`FIELD_FLAGS`; `which` picks one of a field's two flags)."""
+    return FIELD_FLAGS[field][which]
+
+
 def engine_args(recipe: Recipe) -> list[str]:
     """vLLM OpenAI-server arguments for `recipe`, in a stable order.
 
     Returns:
-        e.g. ``["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "0.0.0.0", ...]``.
+        e.g. ``["--model", "/model", "--served-model-name", "ds4-tiny", "--host", "0.0.0.0", ...]`` (``--model`` is
+        ``/model/<model.file>`` when the recipe names one file).
     """
     s, p, m = recipe.serving, recipe.parallelism, recipe.model
     args: list[str] = [
-        "--model", CONTAINER_MODEL_DIR,
-        "--served-model-name", m.served_name, *m.aliases,
-        "--host", listen_host(recipe),
-        "--port", str(recipe.engine_port),
-        "--dtype", m.dtype,
-        "--max-model-len", str(s.max_model_len),
-        "--max-num-seqs", str(s.max_num_seqs),
-        "--gpu-memory-utilization", str(s.gpu_memory_utilization),
-        "--tensor-parallel-size", str(p.tensor),
-        "--pipeline-parallel-size", str(p.pipeline),
+        flag("model.path"), f"{CONTAINER_MODEL_DIR}/{m.file}" if m.file else CONTAINER_MODEL_DIR,
+        flag("model.served_name"), m.served_name, *m.aliases,
+        flag("serving.bind_address"), listen_host(recipe),
+        flag("serving.port"), str(recipe.engine_port),
+        flag("model.dtype"), m.dtype,
+        flag("serving.max_model_len"), str(s.max_model_len),
+        flag("serving.max_num_seqs"), str(s.max_num_seqs),
+        flag("serving.gpu_memory_utilization"), str(s.gpu_memory_utilization),
+        flag("parallelism.tensor"), str(p.tensor),
+        flag("parallelism.pipeline"), str(p.pipeline),
     ]
     if m.quantization:
-        args += ["--quantization", m.quantization]
+        args += [flag("model.quantization"), m.quantization]
     if s.max_num_batched_tokens:
-        args += ["--max-num-batched-tokens", str(s.max_num_batched_tokens)]
+        args += [flag("serving.max_num_batched_tokens"), str(s.max_num_batched_tokens)]
     if s.kv_cache_dtype:
-        args += ["--kv-cache-dtype", s.kv_cache_dtype]
+        args += [flag("serving.kv_cache_dtype"), s.kv_cache_dtype]
     if s.tokenizer_mode:
-        args += ["--tokenizer-mode", s.tokenizer_mode]
+        args += [flag("serving.tokenizer_mode"), s.tokenizer_mode]
     if s.speculative:
         spec = {
             "method": s.speculative.method,
             "num_speculative_tokens": s.speculative.num_speculative_tokens,
             **s.speculative.extra,
         }
-        args += ["--speculative-config", dump_json(spec, "serving.speculative")]
+        args += [flag("serving.speculative"), dump_json(spec, "serving.speculative")]
     if s.tool_call_parser:
-        args += ["--tool-call-parser", s.tool_call_parser]
+        args += [flag("serving.tool_call_parser"), s.tool_call_parser]
     if s.enable_auto_tool_choice:
-        args.append("--enable-auto-tool-choice")
+        args.append(flag("serving.enable_auto_tool_choice"))
     if s.reasoning_parser:
-        args += ["--reasoning-parser", s.reasoning_parser]
+        args += [flag("serving.reasoning_parser"), s.reasoning_parser]
     if s.enable_prefix_caching is not None:
-        args.append("--enable-prefix-caching" if s.enable_prefix_caching else "--no-enable-prefix-caching")
+        args.append(flag("serving.enable_prefix_caching", 0 if s.enable_prefix_caching else 1))
     gen = s.extra_args.get("override-generation-config")
     if s.default_max_tokens or gen is not None:
         # The output cap: vLLM 0.32 reads max_new_tokens of the generation config as the default max_tokens and
@@ -131,15 +176,17 @@ def engine_args(recipe: Recipe) -> list[str]:
                             "write the output cap once, in serving.default_max_tokens")
         if s.default_max_tokens:
             override["max_new_tokens"] = s.default_max_tokens
-        args += ["--override-generation-config", dump_json(override, "serving.extra_args.override-generation-config")]
+        args += [flag("serving.default_max_tokens"),
+                 dump_json(override, "serving.extra_args.override-generation-config")]
     if recipe.hardware.nodes > 1:
         # Written once in the recipe (hardware.nodes, parallelism, the rendezvous port), derived here; the per-node
         # half (rank, head address) is added by ds4deploy.render.compose.node_files.
         if p.multinode == "nnodes":
-            args += ["--nnodes", str(recipe.hardware.nodes), "--master-port", str(recipe.master_port)]
+            args += [flag("hardware.nodes"), str(recipe.hardware.nodes), flag("parallelism.master_port", 0),
+                     str(recipe.master_port)]
         else:
-            args += ["--data-parallel-size", str(p.data), "--data-parallel-size-local", "1",
-                     "--data-parallel-rpc-port", str(recipe.master_port)]
+            args += [flag("parallelism.data"), str(p.data), "--data-parallel-size-local", "1",
+                     flag("parallelism.master_port", 1), str(recipe.master_port)]
     ours = {a[2:] for a in args if a.startswith("--")} | {"nnodes", "node-rank", "master-addr", "master-port",
                                                           "headless", "data-parallel-address",
                                                           "data-parallel-start-rank", "api-server-count"}
@@ -164,8 +211,14 @@ def engine_args(recipe: Recipe) -> list[str]:
     return args
 
 
-# Environment derived from the recipe's fabric, so each fact is written once (fabric), never copied into engine.env.
-FABRIC_ENV = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME")
+# Recipe field -> the engine environment variable(s) it becomes: derived from the recipe's fabric, so each fact is
+# written once (fabric), never copied into engine.env. `engine_env` writes them from this table; the reference reads
+# it. The socket interfaces are the first rail's netdev (docs/sources.md#sm121-nccl-env).
+FIELD_ENV: dict[str, tuple[str, ...]] = {
+    "fabric.nccl_ib_hca": ("NCCL_IB_HCA",),
+    "fabric.rails[].netdev": ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME"),
+}
+FABRIC_ENV = (*FIELD_ENV["fabric.nccl_ib_hca"], *FIELD_ENV["fabric.rails[].netdev"])
 
 
 def engine_env(recipe: Recipe) -> dict[str, str]:
@@ -178,7 +231,8 @@ def engine_env(recipe: Recipe) -> dict[str, str]:
     """
     env = dict(recipe.engine.env)
     if recipe.fabric is not None:
-        env["NCCL_IB_HCA"] = ",".join(recipe.fabric.nccl_ib_hca)
-        for key in FABRIC_ENV[1:]:
+        for key in FIELD_ENV["fabric.nccl_ib_hca"]:
+            env[key] = ",".join(recipe.fabric.nccl_ib_hca)
+        for key in FIELD_ENV["fabric.rails[].netdev"]:
             env[key] = recipe.fabric.rails[0].netdev
     return env

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -148,7 +150,7 @@ def pinned_commit(recipe: Recipe, manifest: dict) -> str:
 
 
 def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, workers: int = 8,
-                progress: bool | None = None) -> FetchResult:
+                progress: bool | None = None, clock: Callable[[], float] | None = None) -> FetchResult:
     """Download the recipe's pinned hub revision into `dest`, placing only files that match `manifest`.
 
     Args:
@@ -158,6 +160,7 @@ def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, wor
             resolved the pin, so an unknown revision or an unreachable hub is reported first).
         workers: files downloaded in parallel (huggingface_hub's default, 8).
         progress: show progress bars (default: when stderr is a terminal).
+        clock: the stall watchdog's clock, seconds (default ``time.monotonic``; `download_watched`).
     Returns:
         A `FetchResult`.
     Raises:
@@ -185,7 +188,7 @@ def fetch_model(recipe: Recipe, dest: Path, manifest: dict | None = None, *, wor
                          "pid; two fetches into one directory would overwrite each other's partial downloads")
 
     with HolderLock(lock, refused, remove=True):
-        return _fetch_locked(recipe, dest, manifest, commit, workers, progress)
+        return _fetch_locked(recipe, dest, manifest, commit, workers, progress, clock)
 
 
 def _manifest_commit(recipe: Recipe, manifest: dict, resolved: str) -> str:
@@ -236,7 +239,7 @@ def fetch_lock_path(dest: Path) -> Path:
 
 
 def _fetch_locked(recipe: Recipe, dest: Path, manifest: dict, commit: str, workers: int,
-                  progress: bool) -> FetchResult:
+                  progress: bool, clock: Callable[[], float] | None = None) -> FetchResult:
     """Steps 2-6 of the module docstring, under the fetch lock."""
     from ds4deploy.model import hub, verify
     from ds4deploy.model.manifest import manifest_path
@@ -256,7 +259,7 @@ def _fetch_locked(recipe: Recipe, dest: Path, manifest: dict, commit: str, worke
     to_download = max(0, sum(files[n]["size"] for n in need) - already)
     check_free_space(staging, to_download, f"downloading {len(need)} file(s) of {recipe.model.repo_id}@{commit[:12]}")
     try:
-        download_watched(recipe, commit, need, staging, workers=workers, progress=progress)
+        download_watched(recipe, commit, need, staging, workers=workers, progress=progress, clock=clock)
     except OSError as exc:
         if not hub.is_enospc(exc):
             raise
@@ -380,7 +383,7 @@ def _remove_incomplete(staging: Path) -> None:
 
 
 def _run_watched(recipe: Recipe, commit: str, names: list[str], staging: Path, workers: int, progress: bool,
-                 stall_s: float, poll_s: float) -> str | None:
+                 stall_s: float, poll_s: float, clock: Callable[[], float]) -> str | None:
     """One watched download attempt. Returns None when the child finished, else why it stalled: no new byte for
     `stall_s` seconds (the child was stopped), or huggingface_hub gave up on its own read timeouts.
 
@@ -389,13 +392,12 @@ def _run_watched(recipe: Recipe, commit: str, names: list[str], staging: Path, w
         OSError: ENOSPC.
     """
     import multiprocessing
-    import time
 
     ctx = multiprocessing.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
     child = ctx.Process(target=_download_child, args=(recipe, commit, names, str(staging), workers, progress, send),
                         daemon=True)
-    started = time.monotonic()
+    started = clock()
     child.start()
     send.close()
     seen, seen_at = _du(staging) if staging.is_dir() else 0, None
@@ -409,7 +411,7 @@ def _run_watched(recipe: Recipe, commit: str, names: list[str], staging: Path, w
                 if outcome[0] == "started":
                     # The stall window starts with the download, not with the child's imports (seconds on a busy
                     # host).
-                    seen_at = time.monotonic()
+                    seen_at = clock()
                     continue
                 child.join()
                 if outcome[0] == "ok":
@@ -427,7 +429,7 @@ def _run_watched(recipe: Recipe, commit: str, names: list[str], staging: Path, w
             if not child.is_alive() and not receive.poll(0):
                 raise UserError(f"the download process of {recipe.model.repo_id}@{commit[:12]} exited "
                                 f"({child.exitcode}) without a result", "run the fetch again")
-            now = time.monotonic()
+            now = clock()
             if seen_at is None:
                 if now - started > CHILD_START_S:
                     raise UserError(f"the download process did not start within {CHILD_START_S:g} s",
@@ -450,7 +452,7 @@ def _run_watched(recipe: Recipe, commit: str, names: list[str], staging: Path, w
 
 def download_watched(recipe: Recipe, commit: str, names: list[str], staging: Path, *, workers: int = 8,
                      progress: bool = False, stall_s: float | None = None, attempts: int | None = None,
-                     poll_s: float = STALL_POLL_S) -> None:
+                     poll_s: float = STALL_POLL_S, clock: Callable[[], float] | None = None) -> None:
     """`ds4deploy.model.hub.download` under the stall watchdog of the module docstring.
 
     Args:
@@ -458,7 +460,9 @@ def download_watched(recipe: Recipe, commit: str, names: list[str], staging: Pat
             `STALL_S`).
         attempts: downloads tried before giving up on stalls (default $DS4_FETCH_ATTEMPTS or `STALL_ATTEMPTS`);
             each after the first resumes: files completed so far are not downloaded again.
-        poll_s: how often the staging directory is measured, seconds.
+        poll_s: how often the staging directory is measured, seconds (real time: the wait for the child).
+        clock: where the stall window's seconds are read (default ``time.monotonic``); tests pass one that moves
+            on while their hub holds a transfer, so a stall of the production window is seen without waiting it out.
 
     Raises:
         UserError: every attempt stalled (the message names the stall window, the attempts and the files still
@@ -471,7 +475,8 @@ def download_watched(recipe: Recipe, commit: str, names: list[str], staging: Pat
 
     why = ""
     for attempt in range(1, attempts + 1):
-        why = _run_watched(recipe, commit, names, staging, workers, progress, stall_s, poll_s)
+        why = _run_watched(recipe, commit, names, staging, workers, progress, stall_s, poll_s,
+                           clock or time.monotonic)
         if why is None:
             return
         _remove_incomplete(staging)

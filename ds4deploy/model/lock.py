@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.model.manifest import check_manifest, manifest_of_files, manifest_path
+from ds4deploy.model.manifest import check_manifest, manifest_of_files, manifest_path, split_gguf_problems
 from ds4deploy.recipe.schema import Recipe
 
 
@@ -57,6 +57,10 @@ def local_manifest(recipe: Recipe, src: Path, progress: bool | None = None) -> d
     from ds4deploy.model.verify import byte_progress, default_workers, hash_path
 
     root, names = local_files(src)
+    split = split_gguf_problems(names)
+    if split:  # before hours of hashing
+        raise UserError(f"model source {root}: " + "; ".join(split), "pass the directory that holds every part of "
+                        "the split GGUF (all <stem>-NNNNN-of-MMMMM.gguf files of one download)")
     sizes = {n: (root / n).stat().st_size for n in names}
     with byte_progress(f"hashing {root.name}", progress) as (on_total, on_bytes):
         on_total(sum(sizes.values()))

@@ -17,11 +17,11 @@ file fails. `check_manifest` refuses a manifest whose shape or file names are un
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path, PurePosixPath
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.yamlio import load_json
 from ds4deploy.recipe import paths as recipe_paths
 from ds4deploy.recipe.schema import Recipe
 
@@ -62,12 +62,13 @@ def load_manifest(recipe: Recipe) -> dict:
             f"no model manifest for recipe '{recipe.name}' ({path} is missing)",
             f"create it with `ds4deploy model lock {recipe.base_name}` (local models: add --from PATH) and commit it",
         )
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise UserError(f"{path} is not valid JSON: {exc}",
-                        f"rebuild it: delete it and run `ds4deploy model lock {recipe.base_name}`") from None
+    fix = f"rebuild it: delete it and run `ds4deploy model lock {recipe.base_name}`"
+    manifest = load_json(path, fix)
     check_manifest(manifest, str(path))
+    named = str(manifest.get("recipe", ""))
+    if named.split("--", 1)[0] != recipe.base_name:
+        raise UserError(f"{path} records the model of recipe {named!r}, not of '{recipe.base_name}': a manifest copied "
+                        "from another recipe (or edited) says nothing about this one's model", fix)
     return manifest
 
 
@@ -75,10 +76,42 @@ _HEX = {"sha256": re.compile(r"^[0-9a-f]{64}$"), "git_sha1": re.compile(r"^[0-9a
 FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
+# A GGUF split in parts by llama.cpp's gguf-split: <stem>-<index>-of-<count>.gguf, both five digits, index from 1
+# (llama.cpp src/llama.cpp llama_split_path: "%s-%05d-of-%05d.gguf"). The engine is given part 1 and opens the
+# others itself, so every part 1..count must be there and no other.
+_SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
+
+
+def split_gguf_problems(names: list[str]) -> list[str]:
+    """What is wrong with the split GGUF parts among `names` (file paths), one line each: a part missing, a part
+    numbered past its count or 0, parts of one model that disagree on the count. Empty when every split model has
+    all its parts (or there is none)."""
+    groups: dict[str, dict[int, set[int]]] = {}
+    for name in names:
+        m = _SPLIT_GGUF.match(name)
+        if m:
+            groups.setdefault(m["stem"], {}).setdefault(int(m["n"]), set()).add(int(m["i"]))
+    out = []
+    for stem, by_count in sorted(groups.items()):
+        if len(by_count) > 1:
+            out.append(f"split GGUF {stem}: its parts disagree on the count (" + ", ".join(
+                f"{len(parts)} part(s) of {n:05d}" for n, parts in sorted(by_count.items())) + ")")
+            continue
+        (n, parts), = by_count.items()
+        bad = sorted(i for i in parts if not 1 <= i <= n)
+        missing = [i for i in range(1, n + 1) if i not in parts]
+        out += [f"split GGUF {stem}: part {i:05d}-of-{n:05d} is numbered past its count (a dangling part)" for i in bad]
+        if missing:
+            out.append(f"split GGUF {stem}: part(s) " + ", ".join(f"{i:05d}-of-{n:05d}" for i in missing)
+                       + f" missing ({len(parts)} of {n} present); the engine opens part 1 and reads every other part")
+    return out
+
+
 def check_manifest(manifest: dict, where: str = "the manifest") -> None:
     """Refuse a manifest that cannot be trusted to name files: every entry needs an integer ``size`` >= 0 and a
     ``sha256`` (64 hex) or ``git_sha1`` (40 hex), and every name must be a plain relative POSIX path (no ``..``,
-    no absolute path, no backslash), since fetch writes each name under the model directory.
+    no absolute path, no backslash), since fetch writes each name under the model directory. A split GGUF must
+    have all its parts (`split_gguf_problems`).
 
     Raises:
         UserError: naming the first bad entry.
@@ -98,6 +131,10 @@ def check_manifest(manifest: dict, where: str = "the manifest") -> None:
         if not kinds or not _HEX[kinds[0]].match(str(entry[kinds[0]])):
             raise UserError(f"{where}: {name} has no valid sha256 (64 hex) or git_sha1 (40 hex)",
                             "rebuild the manifest")
+    split = split_gguf_problems(list(files))
+    if split:
+        raise UserError(f"{where}: " + "; ".join(split), "lock the model with every part of the split GGUF "
+                        "(all <stem>-NNNNN-of-MMMMM.gguf files of one download, in one directory)")
 
 
 def verify_dir(model_dir: Path, manifest: dict) -> list[str]:

@@ -48,7 +48,8 @@ def run_json(playbook: str, inventory: str, *extra_vars: str, fix: str) -> tuple
         fix: what the user should do when the output is not JSON (e.g. how to see Ansible's whole output).
 
     Raises:
-        UserError: ansible-playbook is missing, or its output is not JSON (its stderr is quoted).
+        UserError: ansible-playbook is missing; a collection it needs (ansible.posix for the JSON callback) is not
+            installed (named, with the install command); or its output is not JSON (its stderr is quoted).
     """
     done = subprocess.run(argv(playbook, inventory, *extra_vars),
                           env={**env(), "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"},
@@ -56,6 +57,11 @@ def run_json(playbook: str, inventory: str, *extra_vars: str, fix: str) -> tuple
     try:
         return done, json.loads(done.stdout)
     except ValueError:
+        from ds4deploy.plan.inventory import missing_collection
+
+        missing = missing_collection(done.stderr + done.stdout)
+        if missing is not None:
+            raise missing from None
         raise UserError(f"ansible-playbook {playbook} failed (exit {done.returncode}): "
                         f"{(done.stderr or done.stdout).strip()[-800:]}", fix) from None
 

@@ -146,6 +146,9 @@ class IbWriteBwResult:
         mtu_bytes: ``Mtu`` in bytes (the RDMA path MTU, at most 4096 - not the netdev MTU of 9000).
         num_qps: ``Number of qps``.
         reported_unit: the unit the tool printed, ``"Gb/sec"`` or ``"MB/sec"`` (MiB/s).
+        values_unit: the unit the values are in, by `MsgRate x #bytes` (`_unit_by_msg_rate`): the printed unit,
+            except for a side that printed ``[MB/sec]`` over Gb/s values (only the peer passed
+            ``--report_gbits``), which is then read as Gb/s and named in `warnings`.
         rows: result rows in output order (several for ``-a`` sweeps or ``--run_infinitely``).
         warnings: warning lines seen anywhere in the output, stripped, in order.
     """
@@ -160,6 +163,11 @@ class IbWriteBwResult:
     reported_unit: str
     rows: tuple[PerftestRow, ...]
     warnings: tuple[str, ...]
+    values_unit: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.values_unit:
+            object.__setattr__(self, "values_unit", self.reported_unit)
 
     @property
     def bw_avg_gbit_s(self) -> float:
@@ -193,6 +201,46 @@ def _is_warning(line: str) -> bool:
     return any(hint in low for hint in _WARNING_HINTS)
 
 
+# Bandwidth and message rate come from the same byte count and time (perftest print_report_bw: MsgRate is the
+# average bandwidth in bytes/s divided by the message size), so avg_bw ~= MsgRate[Mpps] x 10^6 x #bytes. Both are
+# printed rounded (2 and 6 decimals): a row is judged only when its MsgRate has at least 3 significant digits
+# (>= 0.001 Mpps), and a unit is taken when it agrees within 5 % while the other is off by more than 20 %. The two
+# units differ by a factor of 8 x 2^20 / 10^9 = 8.39 (MiB/s vs Gb/s), so they can never both agree.
+_UNIT_AGREE = 0.05
+_UNIT_DISAGREE = 0.20
+
+
+def _unit_by_msg_rate(rows: list[str], printed: str, extra: int) -> str:
+    """The unit the bandwidth values of a result table are in, judged from the first row whose MsgRate is precise
+    enough: `printed`, or the other unit when only it agrees with MsgRate x #bytes. `printed` when no row tells.
+
+    Raises:
+        UserError: the values agree with neither unit (not one run's table, or hand-edited numbers).
+    """
+    for line in rows:
+        values = line.split()
+        if _SEPARATOR.match(line):
+            break
+        if len(values) != 5 + extra or not all(_NUMBER.match(v) for v in values):
+            continue
+        size, avg, rate = int(float(values[0])), float(values[3]), float(values[4])
+        if rate < 0.001 or size <= 0 or avg <= 0:
+            continue
+        implied_gbit = rate * 1e6 * size * 8 / 1e9
+        as_unit = {"Gb/sec": avg, "MB/sec": avg * _GBIT_PER_MIB}
+        off = {u: abs(v - implied_gbit) / implied_gbit for u, v in as_unit.items()}
+        other = "MB/sec" if printed == "Gb/sec" else "Gb/sec"
+        if off[printed] <= _UNIT_DISAGREE:
+            return printed
+        if off[other] <= _UNIT_AGREE:
+            return other
+        raise UserError(
+            f"ib_write_bw row {line.strip()!r}: the bandwidth {avg} agrees with MsgRate x #bytes "
+            f"({rate} Mpps x {size} B = {implied_gbit:.2f} Gb/s) neither as Gb/sec nor as MB/sec: these are not "
+            "one run's numbers", FIX_RERUN)
+    return printed
+
+
 def parse_ib_write_bw(text: str) -> IbWriteBwResult:
     """Parse the stdout(+stderr) of one ``ib_write_bw`` run.
 
@@ -202,7 +250,9 @@ def parse_ib_write_bw(text: str) -> IbWriteBwResult:
             the run asked for after MsgRate (``CPU_Util[%]`` with ``--cpu_util``), read into `PerftestRow.extra`.
 
     Returns:
-        `IbWriteBwResult`; bandwidths in Gb/s (10^9 bit/s) whatever the tool printed.
+        `IbWriteBwResult`; bandwidths in Gb/s (10^9 bit/s) whatever the tool printed. The unit of the values is
+        checked against MsgRate x #bytes (`_unit_by_msg_rate`): a server side printing ``[MB/sec]`` over Gb/s
+        values is read as Gb/s, and says so in `IbWriteBwResult.warnings`.
 
     Raises:
         UserError: perftest printed its own failure lines and no table (the cause quotes them and names the
@@ -249,6 +299,11 @@ def parse_ib_write_bw(text: str) -> IbWriteBwResult:
     fields = _header_fields(banner)
 
     warnings = [line.strip() for line in lines[:header_at] if _is_warning(line)]
+    values_unit = _unit_by_msg_rate(lines[header_at + 1:], avg_unit, len(extra_names))
+    if values_unit != avg_unit:
+        factor = 1.0 if values_unit == "Gb/sec" else _GBIT_PER_MIB
+        warnings.append(f"the header says [{avg_unit}] but MsgRate x #bytes says the values are {values_unit} "
+                        f"(one side ran with --report_gbits, the other without): read as {values_unit}")
     rows: list[PerftestRow] = []
     for number, line in enumerate(lines[header_at + 1 :], start=header_at + 2):
         if _SEPARATOR.match(line):
@@ -296,4 +351,5 @@ def parse_ib_write_bw(text: str) -> IbWriteBwResult:
         reported_unit=avg_unit,
         rows=tuple(rows),
         warnings=tuple(warnings),
+        values_unit=values_unit,
     )

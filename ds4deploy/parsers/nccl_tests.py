@@ -13,8 +13,10 @@ Units as nccl-tests prints them: time in microseconds; algbw/busbw in GB/s with 
 (nccl-tests doc/PERFORMANCE.md: algbw = S / t, busbw = algbw x correction factor, 2(n-1)/n for all-reduce).
 ``#wrong`` is the count of wrong elements, printed with ``%6g`` (so large counts read ``1.04858e+06``); it is
 ``N/A`` when validation is off (``-c 0``) and for sendrecv's in-place half, and becomes ``None``.
-Lines that are not part of the table (``NCCL INFO`` logs, ``NCCL version``, MPI warnings) are skipped, also
-when they sit between rows.
+Lines that are not part of the table (``NCCL INFO`` logs, ``NCCL version``, MPI warnings, Open MPI's "N more
+processes have sent help message ...") are skipped, also when they sit between rows; a line is a row cut short
+only when every field it has fits its column. A run that failed quotes nccl-tests' own ``Test NCCL failure
+<file>:<line> '<reason>'`` line as the cause.
 
 Layouts, by the nccl-tests releases that print them (NVIDIA/nccl-tests src/common.cu and src/util.cu at each tag):
 
@@ -69,6 +71,21 @@ _RANK = re.compile(
 )
 _NCCL_VERSION = re.compile(r"^\s*NCCL version (\S+)")
 _TESTS_VERSION = re.compile(r"^\s*#\s*nccl-tests version (\S+)")
+# nccl-tests' own failure line (src/common.h NCCLCHECK/CUDACHECK: "<host>: Test NCCL failure <file>:<line> '<NCCL
+# error string> / <ncclGetLastError>'", older releases without the host and the " / <last error>" part), e.g.
+# "dell03: Test NCCL failure common.cu:1012 'internal error - please report this issue to the NCCL developers / '"
+# (NVIDIA/nccl-tests issue #275) or "Test CUDA failure common.cu:730 'unknown error'" (issue #66).
+_TEST_FAILURE = re.compile(r"Test (NCCL|CUDA) failure (\S+) '(.*)'")
+# Lines a row-shaped line must match field by field to be a row cut short: size, count, type, redop, root, then
+# numbers. Open MPI's "8 more processes have sent help message help-mtl-ofi.txt / OFI call fail" also starts
+# with a number, but its second word is not a count: it is noise (Open MPI aggregates repeated help messages,
+# orte_base_help_aggregate), not a row.
+_ROW_PREFIX = (r"\d+", r"\d+", r"[A-Za-z_][\w]*", r"[A-Za-z_][\w]*", r"-?\d+")
+FIX_NCCL_FAILURE = (
+    "the collective failed inside NCCL/CUDA before the table finished: rerun with NCCL_DEBUG=WARN (INFO for the "
+    "whole setup) to see which transport, HCA or GPU failed, fix that (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, "
+    "NCCL_IB_GID_INDEX, GPU health), then rerun the test"
+)
 FIX = (
     "rerun the nccl-tests binary (e.g. all_reduce_perf -b 8 -e 8G -f 2) to completion and capture its whole "
     "stdout, up to the '# Avg bus bandwidth' line"
@@ -156,6 +173,26 @@ def _wrong(value: str) -> int | None:
     return None if value == "N/A" else int(float(value))
 
 
+def _failure(lines: list[str], what: str) -> UserError | None:
+    """A `UserError` quoting nccl-tests' own failure line(s) as the cause of `what`, or None when there is none."""
+    found = [m for line in lines if (m := _TEST_FAILURE.search(line))]
+    if not found:
+        return None
+    reasons = list(dict.fromkeys(f"{m[1]} failure at {m[2]}: '{m[3].strip().removesuffix('/').strip()}'"
+                                 for m in found))
+    return UserError(f"{what}: nccl-tests reported " + "; ".join(reasons[:3]), FIX_NCCL_FAILURE)
+
+
+def _cut_row(line: str) -> bool:
+    """Whether `line` is the start of a table row cut short (each field fits its column), not noise that happens to
+    start with a number."""
+    fields = line.split()
+    if not fields or len(fields) >= 13:
+        return False
+    pattern = _ROW_PREFIX + (r"[\d.]+(?:e\+?\d+)?|N/A",) * 8
+    return all(re.fullmatch(p, f) for p, f in zip(pattern, fields, strict=False))
+
+
 def parse_nccl_tests(text: str, require_avg: bool = True) -> NcclTestsResult:
     """Parse one nccl-tests run.
 
@@ -175,6 +212,9 @@ def parse_nccl_tests(text: str, require_avg: bool = True) -> NcclTestsResult:
     lines = text.splitlines()
     header_at = next((i for i, line in enumerate(lines) if _HEADER.match(line)), None)
     if header_at is None:
+        failure = _failure(lines, "nccl-tests printed no result table")
+        if failure is not None:
+            raise failure
         for pattern, layout, fix in _REFUSED_LAYOUTS:
             if any(pattern.search(line) for line in lines):
                 raise UserError(f"nccl-tests output has {layout}", fix)
@@ -214,14 +254,22 @@ def parse_nccl_tests(text: str, require_avg: bool = True) -> NcclTestsResult:
             oob, oob_ok = int(match[1]), match[2] == "OK"
         elif match := _NCCL_VERSION.match(line):
             nccl_version = nccl_version or match[1]
-        elif re.match(r"^\s*\d+(\s|$)", line):
+        elif _cut_row(line):
+            failure = _failure(lines[number - 1:], f"nccl-tests row at line {number} is incomplete ({line.strip()!r})")
+            if failure is not None:
+                raise failure
             raise UserError(
                 f"nccl-tests row at line {number} is incomplete ({line.strip()!r}): the run stopped mid-table",
                 FIX,
             )
     if not rows:
-        raise UserError("nccl-tests printed its table header but no result row", FIX)
+        raise _failure(lines, "nccl-tests printed its table header but no result row") or UserError(
+            "nccl-tests printed its table header but no result row", FIX)
     if avg is None and require_avg:
+        failure = _failure(lines, f"nccl-tests output ends after {len(rows)} rows without the '# Avg bus bandwidth' "
+                                  "line")
+        if failure is not None:
+            raise failure
         raise UserError(
             f"nccl-tests output ends after {len(rows)} rows without the '# Avg bus bandwidth' line: the run "
             "did not finish",

@@ -32,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.yamlio import load_json
 from ds4deploy.model.manifest import load_manifest, manifest_path, sha256_file, verify_dir
 from ds4deploy.model.staging import obtain
 from ds4deploy.recipe import paths as recipe_paths
@@ -218,8 +219,9 @@ def load_meta(bundle: Path) -> dict:
         hint = f" ({partial} exists: that bundle was interrupted)" if partial.exists() else ""
         raise UserError(f"{bundle} is not a ds4deploy bundle: {path} is missing{hint}",
                         "point OFFLINE= at a directory written by `make bundle`")
-    meta = json.loads(path.read_text(encoding="utf-8"))
-    if meta.get("format") != FORMAT:
+    meta = load_json(path, "point OFFLINE= at a directory written by `make bundle` (this bundle.json is damaged)")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        meta = meta if isinstance(meta, dict) else {}
         raise UserError(f"{path} has bundle format {meta.get('format')}, this ds4deploy reads format {FORMAT}",
                         "make the bundle with the same ds4deploy version as the checkout that deploys it")
     return meta

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.yamlio import parse_strict
+from ds4deploy.core.yamlio import load_strict
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,29 @@ def _groups(listing: dict[str, Any]) -> dict[str, list[str]]:
     return groups
 
 
+# How Ansible says a plugin or module of a collection it does not have could not be loaded: ansible-core 2.19+
+# "Could not load 'ansible.posix.json' callback plugin.", older "Invalid callback for stdout specified:
+# ansible.posix.json", and for modules "couldn't resolve module/action 'community.general.x'" (ansible-core
+# lib/ansible/executor/task_queue_manager.py and lib/ansible/parsing/mod_args.py). ansible-core alone ships only
+# ansible.builtin; the `ansible` package bundles ansible.posix and community.general.
+_MISSING_PLUGIN = re.compile(
+    r"(?:Could not load '|Invalid callback for stdout specified: |couldn't resolve module/action ')"
+    r"(?P<plugin>(?P<fqcn>[a-z0-9_]+\.[a-z0-9_]+)\.[a-z0-9_.]+)")
+
+
+def missing_collection(output: str) -> UserError | None:
+    """The `UserError` for Ansible output saying a collection's plugin could not be loaded (named, with the
+    install command), or None. ``ansible.builtin`` is part of ansible-core and never missing."""
+    m = _MISSING_PLUGIN.search(output)
+    if m is None or m["fqcn"] == "ansible.builtin":
+        return None
+    return UserError(f"the Ansible collection {m['fqcn']} is not installed (Ansible could not load {m['plugin']}): "
+                     "ansible-core "
+                     "alone ships only ansible.builtin",
+                     f"install it: `ansible-galaxy collection install {m['fqcn']}` (or run `make venv`, which installs "
+                     "the full ansible package with it)")
+
+
 def _resolve_templates(path: Path, hostvars: dict[str, dict[str, Any]]) -> None:
     """Replace, in place, every top-level host variable whose value holds a Jinja template by Ansible's value."""
     templated = {h: sorted(k for k, v in hv.items() if "{{" in json.dumps(v) or "{%" in json.dumps(v))
@@ -111,6 +135,9 @@ def _resolve_templates(path: Path, hostvars: dict[str, dict[str, Any]]) -> None:
     hosts = ",".join(h for h, ks in templated.items() if ks)
     p = subprocess.run([_tool("ansible"), "-i", str(path), hosts, "-m", "ansible.builtin.debug", "-a", f"msg={expr}"],
                        capture_output=True, text=True, env=env, timeout=300, check=False)
+    missing = missing_collection(p.stderr + p.stdout)
+    if missing is not None:
+        raise missing
     try:
         results = json.loads(p.stdout)["plays"][0]["tasks"][0]["hosts"]
     except (ValueError, KeyError, IndexError):
@@ -137,7 +164,7 @@ def read_inventory(path: Path | str) -> Inventory:
     if not path.exists():
         raise UserError(f"inventory {path} does not exist", "pass an Ansible inventory file (INVENTORY=<file>)")
     if path.is_file() and path.suffix in (".yml", ".yaml"):
-        doc = parse_strict(path.read_text(encoding="utf-8"), str(path))
+        doc = load_strict(path)
         clashes = _conflicts(doc.data)
         if clashes:
             raise UserError(f"{path}: a host is defined twice with different values:\n  " + "\n  ".join(clashes),

@@ -24,19 +24,16 @@ import ipaddress
 import re
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.recipe.schema import Rail, Recipe
+from ds4deploy.recipe.schema import HCA_RE, HCA_RULE, NETDEV_RE, NETDEV_RULE, Rail, Recipe
 
 # What a host may give per rail: facts about it (address; mtu, read by the preflight rule rails-mtu-hosts) and the
 # names it overrides.
 FACT_KEYS = ("address", "mtu")
 OVERRIDE_KEYS = ("netdev", "hcas")
-# Linux netdev names: 1..15 bytes (IFNAMSIZ 16 with the NUL), not "." or "..", no "/", ":" or whitespace
-# (net/core/dev.c dev_valid_name).
-_NETDEV = re.compile(r"^[^/:\s]{1,15}$")
-# RDMA device names: up to 63 bytes (IB_DEVICE_NAME_MAX 64, include/rdma/ib_verbs.h); NCCL_IB_HCA reads "," as the
-# list separator, ":" as the port, and a leading "^" or "=" as exclude / exact match (NCCL user guide, Environment
-# Variables, NCCL_IB_HCA), so none of those may be part of a name.
-_HCA = re.compile(r"^[^,:^=/\s]{1,63}$")
+# One rule for netdev and HCA names, the recipe's rails and a node's overrides alike (ds4deploy.recipe.NETDEV_RE,
+# HCA_RE: the sources are there).
+_NETDEV = re.compile(NETDEV_RE)
+_HCA = re.compile(HCA_RE)
 SRC_PORTS = "docs/sources.md#gx10-pair"
 EXAMPLE = ("ds4_rails: {rail0: {address: a.b.c.d, netdev: enp1s0f0np0, hcas: [rocep1s0f0]}} "
            "(names from `ibdev2netdev` or `rdma link show` on the node)")
@@ -75,10 +72,8 @@ def host_problems(recipe: Recipe, host: str, hostvars: dict) -> list[str]:
         if unknown:
             out.append(f"{where}.{name} has unknown key(s) {', '.join(map(str, unknown))} (known: "
                        f"{', '.join(FACT_KEYS + OVERRIDE_KEYS)})")
-        if "netdev" in entry and not (isinstance(entry["netdev"], str) and _NETDEV.match(entry["netdev"])
-                                      and entry["netdev"] not in (".", "..")):
-            out.append(f"{where}.{name}.netdev {entry['netdev']!r} is not a network interface name (1-15 "
-                       "characters, no '/', ':' or space)")
+        if "netdev" in entry and not (isinstance(entry["netdev"], str) and _NETDEV.match(entry["netdev"])):
+            out.append(f"{where}.{name}.netdev {entry['netdev']!r} is not {NETDEV_RULE}")
         if "hcas" in entry:
             hcas, want = entry["hcas"], rails[name].hcas
             if not isinstance(hcas, list) or not all(isinstance(h, str) for h in hcas):
@@ -88,8 +83,7 @@ def host_problems(recipe: Recipe, host: str, hostvars: dict) -> list[str]:
                            f"recipe's rail {name} has {len(want)} ({', '.join(want)}): the override replaces them "
                            "one for one")
             else:
-                out += [f"{where}.{name}.hcas: {h!r} is not an RDMA device name (1-63 characters, none of "
-                        "',', ':', '^', '=', '/', space: NCCL_IB_HCA syntax)" for h in hcas if not _HCA.match(h)]
+                out += [f"{where}.{name}.hcas: {h!r} is not {HCA_RULE}" for h in hcas if not _HCA.match(h)]
     for key in OVERRIDE_KEYS:
         given = [n for n in rails if isinstance(facts.get(n), dict) and key in facts[n]]
         if given and len(given) != len(rails):

@@ -14,10 +14,10 @@ from pydantic import ValidationError
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.secret_scan import find_secrets
-from ds4deploy.core.yamlio import load_strict
+from ds4deploy.core.yamlio import StrictYaml, load_strict, quote_advice
 from ds4deploy.recipe import paths
 from ds4deploy.recipe.paths import resolve_recipe_path
-from ds4deploy.recipe.schema import VARIANT_SEP, Recipe
+from ds4deploy.recipe.schema import HCA_RE, HCA_RULE, NETDEV_RE, NETDEV_RULE, VARIANT_SEP, Recipe
 
 
 def _fmt_loc(loc: tuple[Any, ...]) -> str:
@@ -52,15 +52,17 @@ def _split_path(hit: str) -> list[str | int]:
 
 
 def load_recipe(name_or_path: str | Path) -> Recipe:
-    """Load and validate a recipe.
+    """Load and validate a recipe (and, for a base recipe, every one of its variants).
 
     Args:
-        name_or_path: a name under recipes/ (without .yaml) or a path to a YAML file.
+        name_or_path: a name under recipes/ (without .yaml), ``<name>--<variant>``, or a path to a YAML file.
     Returns:
         The validated `Recipe`.
     Raises:
-        UserError: missing file, YAML syntax error, or schema violation. The message names the file, every bad
-            key path with its value, and what is allowed there.
+        UserError: missing file, YAML syntax error or bound passed (`ds4deploy.core.yamlio`), credentials in the recipe,
+            or a schema violation, in the recipe or in any of its variants (a variant that could never deploy fails
+            its recipe's validation). The message names the file, every bad key path with its value, and what is
+            allowed there.
     """
     name = str(name_or_path)
     variant = None
@@ -79,8 +81,24 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             "remove them; the API key belongs in the key file (serving.auth.mode: api_key writes it outside the "
             "repo, mode 0600), a hub token in HF_TOKEN on the control host at deploy time",
         )
+    _check_variants(path, data)
     if variant is not None:
-        data = _apply_variant(path, data, variant)
+        return _validated(path, doc, _apply_variant(path, data, variant), variant)
+    recipe = _validated(path, doc, data, None)
+    for v in sorted(data.get("variants") or {}):
+        _validated(path, doc, _apply_variant(path, data, v), v)
+    return recipe
+
+
+_PATTERN_RULES = {NETDEV_RE: NETDEV_RULE, HCA_RE: HCA_RULE}
+
+
+def _validated(path: Path, doc: StrictYaml, data: dict, variant: str | None) -> Recipe:
+    """`data` validated as a `Recipe` (the base recipe, or the one variant `variant` makes of it).
+
+    Raises:
+        UserError: every schema problem, with its key path, value, line (base recipe) and what is allowed.
+    """
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
@@ -89,12 +107,20 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
             value = f" = {err.get('input')!r}" if shown else ""
             allowed = _allowed(err)  # a validator's own message already says what is allowed: not twice
+            rule = _PATTERN_RULES.get((err.get("ctx") or {}).get("pattern", ""))
+            if rule:
+                err = {**err, "msg": f"not {rule}"}
+                allowed = err["msg"]
             line = doc.line_of(err["loc"]) if variant is None else None
             at = f" (line {line})" if line else ""
+            text_wanted = variant is None and shown and err["type"] == "string_type"
+            advice = quote_advice(doc, err["loc"], err.get("input")) if text_wanted else ""
             lines.append(f"  {_fmt_loc(err['loc'])}{value}{at}: {err['msg']}"
-                         + (f" ({allowed})" if allowed != err["msg"] else ""))
+                         + (f" ({allowed})" if allowed != err["msg"] else "") + advice)
+        what = "the recipe" if variant is None else (
+            f"variant '{variant}' (variants.{variant} sets these keys, checked exactly as the recipe's own)")
         raise UserError(
-            f"{path}: {len(lines)} problem(s) in the recipe:\n" + "\n".join(lines),
+            f"{path}: {len(lines)} problem(s) in {what}:\n" + "\n".join(lines),
             f"edit {path} as listed above; recipes/cpu.yaml is a valid example",
         ) from None
     recipe._source = path
@@ -122,9 +148,36 @@ def merge(base: Any, child: Any) -> Any:
     return out
 
 
+def _extends_path(path: Path, base: str) -> Path:
+    """The file ``extends: <base>`` in recipe `path` names, never looked up from the current directory: a recipe
+    name (``cpu``) is a recipe under the recipes directory, else a ``<base>.yaml`` beside `path`; a file path
+    (``../cpu.yaml``, ``recipes/cpu.yaml``) is taken relative to the directory of `path`, else to the project
+    root (so a recipe outside the checkout can write ``extends: recipes/cpu.yaml``).
+
+    Raises:
+        UserError: nothing of that name exists in either place (both named).
+    """
+    here = path.resolve().parent
+    if base.endswith((".yaml", ".yml")) or "/" in base:
+        tried = [here / base, paths.REPO_ROOT / base]
+    else:
+        tried = [paths.RECIPES_DIR / f"{base}.yaml", here / f"{base}.yaml"]
+    for p in tried:
+        if p.is_file():
+            return p
+    looked = " and ".join(dict.fromkeys(map(str, tried)))
+    raise UserError(f"{path}: extends: no recipe named '{base}' (looked for {looked})",
+                    "name a recipe (extends: cpu) or a path relative to this recipe's directory "
+                    "(extends: ../recipes/cpu.yaml)")
+
+
 def _extended(path: Path, data: Any, seen: tuple[Path, ...]) -> Any:
     """A recipe mapping with its ``extends: <recipe>`` applied: the named recipe (itself extended first) merged
     under this one with `merge`. The base's ``variants`` are not inherited: a variant belongs to its own recipe.
+
+    ``extends`` names a recipe of the recipes directory (``extends: cpu``), or a recipe file by its path relative
+    to the extending file's own folder (``extends: ../../recipes/cpu.yaml``, what a test fixture that holds only
+    its defect uses), never relative to the working directory.
 
     Raises:
         UserError: the base does not exist, or recipes extend each other in a cycle.
@@ -134,7 +187,7 @@ def _extended(path: Path, data: Any, seen: tuple[Path, ...]) -> Any:
     base_name = data["extends"]
     if not isinstance(base_name, str):
         raise UserError(f"{path}: extends must name a recipe (a string), not {base_name!r}", "e.g. extends: cpu")
-    base_path = resolve_recipe_path(base_name)
+    base_path = _extends_path(path, base_name)
     if base_path.resolve() in seen or base_path.resolve() == path.resolve():
         chain = " -> ".join(p.stem for p in (*seen, path, base_path))
         raise UserError(f"{path}: recipes extend each other in a cycle ({chain})", "remove one of the extends:")
@@ -143,6 +196,29 @@ def _extended(path: Path, data: Any, seen: tuple[Path, ...]) -> Any:
         raise UserError(f"{base_path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
     base = {k: v for k, v in base.items() if k != "variants"}
     return merge(base, {k: v for k, v in data.items() if k != "extends"})
+
+
+def _check_variants(path: Path, data: dict) -> None:
+    """The shape of ``variants``: a mapping of variant name -> mapping of dotted key path -> value.
+
+    Raises:
+        UserError: naming the variant and what it is instead.
+    """
+    variants = data.get("variants")
+    if variants is None:
+        return
+    example = "variants: {fast: {serving.max_num_seqs: 8}}"
+    if not isinstance(variants, dict):
+        raise UserError(f"{path}: variants is {type(variants).__name__} {variants!r}, not a mapping of variant "
+                        "name to overrides", f"write it as {example}")
+    for name, overrides in variants.items():
+        if not isinstance(overrides, dict):
+            raise UserError(f"{path}: variants.{name} is {type(overrides).__name__} {overrides!r}, not a mapping of "
+                            "dotted key paths to values", f"write it as {example}")
+        for dotted in overrides:
+            if not isinstance(dotted, str) or not re.fullmatch(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*", dotted):
+                raise UserError(f"{path}: variants.{name} sets {dotted!r}, which is not a dotted key path",
+                                f"write it as {example}")
 
 
 def _apply_variant(path: Path, data: dict, variant: str) -> dict:

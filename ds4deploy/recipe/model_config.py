@@ -14,11 +14,11 @@ recipe's generator section).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.yamlio import load_json
 
 # The config keys vLLM reads as a maximum length (same source as the module docstring).
 LENGTH_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
@@ -116,11 +116,9 @@ def check_staged(recipe, model_dir: Path) -> None:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         return
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{path} cannot be read as JSON: {exc}",
-                        "the staged model is damaged: delete it and deploy again") from None
+    config = load_json(path, "the staged model is damaged: delete it and deploy again")
+    if not isinstance(config, dict):
+        raise UserError(f"{path} is not a JSON object", "the staged model is damaged: delete it and deploy again")
     problem = (context_problem(recipe.serving.max_model_len, config, str(path))
                or head_dim_problem(config, recipe.engine.image.arch, str(path))
                or dtype_problem(config, recipe.model.dtype, recipe.hardware.gpus.arch, str(path)))

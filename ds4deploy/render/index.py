@@ -11,6 +11,7 @@ when the committed file is stale.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
@@ -60,14 +61,20 @@ def _parallel(r: Recipe) -> str:
 
 def expected_decode(r: Recipe) -> str:
     """The recipe's expected single-session decode rate, tok/s: its ``decode_tok_s`` range, else the lowest and
-    highest single-session decode cells of its reference table; "-" when it has none."""
+    highest single-session decode cells of its reference table; "-" when it has none. Labelled as the owner's when
+    the engine is not public."""
+    from ds4deploy.engines.engine_registry import load_registry
+
     e = r.expected
+    registry = load_registry(r)
+    # Figures of an engine that is not public are the owner's, for a build nobody else can run.
+    whose = " (reported by the owner, unpublished build)" if registry is not None and not registry.public else ""
     if e.decode_tok_s is not None:
-        return f"{e.decode_tok_s.low:g}-{e.decode_tok_s.high:g}"
+        return f"{e.decode_tok_s.low:g}-{e.decode_tok_s.high:g}{whose}"
     cells = sorted(c.value for c in e.table if c.metric in DECODE_METRICS and c.concurrency == 1)
     if not cells:
         return "-"
-    return f"{cells[0]:g}" if cells[0] == cells[-1] else f"{cells[0]:g}-{cells[-1]:g}"
+    return (f"{cells[0]:g}" if cells[0] == cells[-1] else f"{cells[0]:g}-{cells[-1]:g}") + whose
 
 
 # GPU recipes whose real `make deploy` `make test` rehearses on stand-in nodes (tests/rehearse: only the hardware
@@ -77,19 +84,40 @@ REHEARSED = frozenset({"gx10x2-ds4-flash-fp8", "rtx3090x2-xeon-ds4-flash", "v100
 
 def status(r: Recipe) -> str:
     """``serves here`` for recipes that need no GPU (`make test` deploys the cpu recipes on the CI machine);
-    ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``."""
+    ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``. Then, when they
+    apply: ``engine not public: <why>`` (the engine's registry, `ds4deploy.engines.engine_registry`) and ``KV holds N
+    of M full-length sessions`` when the KV pool cannot hold `max_num_seqs` sessions of `max_model_len`
+    (`ds4deploy.engines.kv_pool.full_length_sessions`, the figure preflight rule kv-pool-sessions warns with)."""
+    from ds4deploy.engines.engine_registry import load_registry
+    from ds4deploy.engines.kv_pool import full_length_sessions
+
     if r.hardware.gpus.count == 0:
-        return "serves here"
-    return "rehearsed here, needs the hardware" if r.base_name in REHEARSED else "needs the hardware"
+        where = "serves here"
+    else:
+        where = "rehearsed here, needs the hardware" if r.base_name in REHEARSED else "needs the hardware"
+    notes = [where]
+    registry = load_registry(r)
+    if registry is not None and not registry.public:
+        notes.append(f"engine not public: {registry.not_public_why}")
+    claim = full_length_sessions(r)
+    if claim is not None and not claim.holds_claim:
+        notes.append(f"KV holds {claim.full_sessions} of {claim.max_num_seqs} full-length sessions "
+                     f"({claim.max_model_len:,} tokens; {claim.tokens_per_session:,} each when all are busy)")
+    return "; ".join(notes)
 
 
 def owner_steps(r: Recipe) -> list[str]:
     """What an owner of the hardware still has to do before `make deploy`, from what is committed now."""
     from ds4deploy.build.artifacts import image_artifacts, lock_path
+    from ds4deploy.engines.engine_registry import load_registry
     from ds4deploy.model.manifest import manifest_path
 
     name = r.base_name
     steps = []
+    registry = load_registry(r)
+    if registry is not None and not registry.public:
+        steps.append(f"supply the engine: load (`docker load`) or pull the image of your own engine on each node and "
+                     f"tag it {r.engine.image.base_image} (the recipe's engine.image.base_image; it is not public)")
     inventory = ""
     if r.container.node_network is not None:
         # Nodes that are containers on one Docker host: the committed two-node inventory runs them here.
@@ -153,6 +181,23 @@ def index_markdown(recipes: list[Recipe] | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
+def check_inputs(recipes: list[Recipe]) -> None:
+    """Read every input the index is generated from, through the same readers a deploy uses, before anything is
+    written: each recipe with its variants (`load_recipe` validates them), each committed model manifest
+    (`ds4deploy.manifest.load_manifest`) and image lock (`ds4deploy.artifacts.load_lock`).
+
+    Raises:
+        UserError: the first input that is invalid, named with its file and the fix.
+    """
+    from ds4deploy.build.artifacts import load_lock
+    from ds4deploy.model.manifest import load_manifest, manifest_path
+
+    for r in recipes:
+        if manifest_path(r).is_file():
+            load_manifest(r)
+        load_lock(r)
+
+
 def write_or_check(check: bool) -> str:
     """Write recipes/README.md, or with `check` compare it with what the recipes generate.
 
@@ -162,12 +207,20 @@ def write_or_check(check: bool) -> str:
         UserError: code 1 with `check` when the committed index is missing or stale.
     """
     path = index_path()
-    text = index_markdown()
+    recipes = [load_recipe(p) for p in sorted(recipe_paths.RECIPES_DIR.glob("*.yaml"))]
+    check_inputs(recipes)
+    text = index_markdown(recipes)
     if check:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             raise UserError(f"{path} is {'stale' if path.is_file() else 'missing'}: it differs from what the recipes "
                             "(and their committed manifests and locks) generate",
                             "run `ds4deploy recipe index` and commit recipes/README.md", code=1)
         return f"{path} is fresh"
-    path.write_text(text, encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)  # never half-written: the old index stays until the new one is complete
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UserError(f"could not write {path}: {exc.strerror or exc}", f"make {path.parent} writable") from None
     return f"wrote {path}"

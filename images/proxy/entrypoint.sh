@@ -23,7 +23,9 @@ esac
 
 umask 077
 mkdir -p /run/front-door
-# Only ${VLLM_API_KEY} is substituted; nginx's own $variables stay as they are.
+# Only ${VLLM_API_KEY} is substituted; nginx's own $variables stay as they are. The single quotes are meant:
+# envsubst's SHELL-FORMAT argument names the variable literally (shellcheck SC2016 is about shell expansion).
+# shellcheck disable=SC2016
 envsubst '${VLLM_API_KEY}' <"$template" >"$conf"
 unset VLLM_API_KEY
 nginx -e stderr -t -q -c "$conf" || fail "nginx rejects the front door config (rendered from $template)" \

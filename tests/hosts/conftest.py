@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.hosts import testhosts
+from tests.unit.conftest import recipe_dir  # noqa: F401 (a fixture: tests/hosts/test_model_role.py edits recipes)
 
 REPO = testhosts.REPO
 RECIPE = "gx10x2-ds4-flash-fp8"

@@ -22,15 +22,18 @@ Fault injection: `missing` (listed but 404 on download), `served` (other bytes t
 corrupted byte or a padded file), `cuts` (the next N downloads of a file stop at a byte offset and the
 connection is closed: a cut connection), `trickles` (the next N downloads of a file send their headers, then one
 byte every `interval` seconds, or with interval None no body at all, until the client goes or the hub stops).
-`requests` logs every file request with its Range header.
+`requests` logs every file request with its Range header; `held` counts the trickled transfers in progress, which
+`HeldClock` turns into time for the fetch stall watchdog.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import select
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 LFS_THRESHOLD = 10_000  # bytes; larger files are "LFS" files with a sha256, as on the hub
@@ -51,6 +54,7 @@ class FakeHub:
         # name -> [interval seconds or None, count]: the next `count` GETs trickle their body (None: send none)
         self.trickles: dict[str, list] = {}
         self.stopping = threading.Event()
+        self.held = 0  # trickled transfers in progress (headers sent, body held back)
         self.requests: list[tuple[str, str, str | None]] = []  # (method, file name, Range header) per file request
         self.paths_info: list[list[str]] = []  # the paths of each paths-info request
         self._lock = threading.Lock()
@@ -177,6 +181,21 @@ class FakeHub:
                     headers["Link"] = f'<{hub.endpoint}{base}?p={page + 1}>; rel="next"'
                 self._json(doc, body, headers)
 
+            def _hold(self, seconds: float) -> bool:
+                """Wait `seconds` before the next trickled byte; False when the hub stops or the client has closed
+                the connection first (a stopped download must not count as held)."""
+                end = time.monotonic() + seconds
+                while time.monotonic() < end:
+                    if hub.stopping.wait(min(0.05, max(0.0, end - time.monotonic()))):
+                        return False
+                    if select.select([self.connection], [], [], 0)[0]:
+                        try:
+                            if self.connection.recv(1, socket.MSG_PEEK) == b"":
+                                return False
+                        except OSError:
+                            return False
+                return True
+
             def _serve(self, body: bool) -> None:
                 kind, repo, rev, name = self._route()
                 if kind is None:
@@ -232,14 +251,20 @@ class FakeHub:
                 self.end_headers()
                 if trickle:
                     self.wfile.flush()
-                    for i in range(len(chunk)):
-                        if hub.stopping.wait(3600 if interval is None else interval):
-                            break
-                        try:
-                            self.wfile.write(chunk[i:i + 1])
-                            self.wfile.flush()
-                        except OSError:  # the client went away
-                            break
+                    with hub._lock:
+                        hub.held += 1
+                    try:
+                        for i in range(len(chunk)):
+                            if not self._hold(3600 if interval is None else interval):
+                                break
+                            try:
+                                self.wfile.write(chunk[i:i + 1])
+                                self.wfile.flush()
+                            except OSError:  # the client went away
+                                break
+                    finally:
+                        with hub._lock:
+                            hub.held -= 1
                     self.close_connection = True
                     return
                 if cut is not None:
@@ -253,3 +278,19 @@ class FakeHub:
                     self.wfile.write(chunk)
 
         return Handler
+
+
+class HeldClock:
+    """A clock for the fetch stall watchdog (`ds4deploy.fetch.download_watched`'s `clock`): real seconds, plus
+    `step` seconds every time it is read while `hub` holds a transfer back (`FakeHub.held`). The watchdog then sees
+    its production window pass during a real hold after a few reads, and never while bytes flow, however slow the
+    host: no test waits out a stall window in real time.
+    """
+
+    def __init__(self, hub: FakeHub, step: float) -> None:
+        self.hub, self.step, self.skipped = hub, step, 0.0
+
+    def __call__(self) -> float:
+        if self.hub.held:
+            self.skipped += self.step
+        return time.monotonic() + self.skipped

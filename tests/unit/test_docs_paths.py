@@ -28,8 +28,8 @@ FENCED = re.compile(r"```[^\n]*\n(.*?)```", re.S)
 # Paths the deploy creates (on the control host or in a bundle), not files of the repository.
 # Written by the tool when a user runs it (not in a fresh clone): build output, locks an owner creates, the model's
 # own files.
-CREATED = ("dist/", ".cache/", ".venv/", "wheelhouse/", "cells/", "docs/bench/<recipe>/", "<profile>/", "bundle.json",
-           "recipes/<r>.lock.json", "recipes/rtx3090x2-xeon-ds4-flash.lock.json", "config.json")
+CREATED = ("dist/", ".cache/", ".venv/", "wheelhouse/", "cells/", "docs/results/bench/<recipe>/", "<profile>/",
+           "bundle.json", "recipes/<r>.lock.json", "recipes/rtx3090x2-xeon-ds4-flash.lock.json", "config.json")
 
 
 @cache

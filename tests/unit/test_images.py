@@ -72,38 +72,42 @@ def test_sm121_base_is_pinned_by_digest():
         assert re.fullmatch(r"[0-9a-f]{40}", args[key])
 
 
-def test_sm70_is_cuda12_and_arch_70_only():
+def test_sm70_is_a_checked_layer_over_the_owners_engine():
+    """The V100 engine is the owner's own port (not public): the image is a thin layer over their image that refuses,
+    at build, a base without CUDA 12, an sm_70 torch or the DeepSeek-V4.1 package."""
     args = image_args("sm70")
-    assert re.match(r"nvidia/cuda:12\.8\.\d+-devel-", args["BASE_IMAGE"])
+    assert args["BASE_IMAGE"] == "local/ds41-pp2tp4-sm70:owner"
     assert args["TORCH_CUDA_ARCH_LIST"] == "7.0"
-    assert args["TORCH_INDEX"].endswith("/cu128")
     assert re.fullmatch(r"[0-9a-f]{40}", args["ONECAT_COMMIT"])
-    assert args["TILELANG_VERSION"] == "0.1.10"
     text = (REPO_ROOT / "images/sm70/Dockerfile").read_text()
     assert 'if [ "${TORCH_CUDA_ARCH_LIST}" != "7.0" ]' in text
-    assert "ninja-build" in text and "g++" in text
-    # source tree kept for JIT; requirements and the editable build resolve against the cu128 torch index, as the
-    # fork's bootstrap does (--torch-backend=cu128)
-    assert '--no-build-isolation --extra-index-url "${TORCH_INDEX}" -e /opt/1cat' in text
-    assert '--extra-index-url "${TORCH_INDEX}" \\\n      -r /opt/1cat/requirements/build/cuda.txt' in text
-    # the torch patches run with the venv's interpreter (the script's default is a bare `python`) and need `patch`
-    assert text.count("bash /opt/1cat/tools/torch_patches/apply.sh /opt/venv/bin/python") == 2
-    assert re.search(r"apt-get install[^&]* patch\b", text)
-    assert "FLASH_ATTN_V100_CUDA_ARCH_LIST=7.0" in text
-    assert "git+https://github.com/triton-lang/triton" not in text
+    assert "(torch.version.cuda or '').startswith('12.')" in text
+    assert "'vllm.models.deepseek_v41', 'vllm.tool_parsers.deepseekv41_engine_tool_parser'" in text
+    assert "git clone" not in text and "pip install" not in text  # the owner builds their engine, not this layer
 
 
-def test_sm70_arch_check_needs_no_gpu():
-    """The image's sm_70 check, run for real against this machine's CPU torch: it must evaluate (no GPU needed)
-    and fail here, because the CPU build has no CUDA arch flags."""
+def _sm70_checks(text: str) -> list[str]:
+    """The sm70 Dockerfile's three `python3 -c "..."` build checks."""
+    return re.findall(r'python3 -c "([^"]+)"', text)
+
+
+def test_sm70_checks_run_without_a_gpu_and_refuse_a_cpu_engine():
+    """The image's checks, run for real with this machine's CPU vLLM (.cache/engine-venv): each evaluates without a
+    GPU; the CUDA and sm_70 checks refuse that engine. vLLM 0.32 has the DeepSeek-V4.1 package upstream, so the
+    package check passes it, and refuses a name it does not have."""
     eng = ENGINE_PYTHON
     if not eng.is_file():
         pytest.skip("no .cache/engine-venv: run `make unit` (it creates it)")
-    text = (REPO_ROOT / "images/sm70/Dockerfile").read_text()
-    check = re.search(r'/opt/venv/bin/python -c "(import torch; flags = [^"]+)"', text).group(1)
-    p = subprocess.run([str(eng), "-c", check], capture_output=True, text=True, check=False)
-    assert p.returncode == 1
-    assert "AssertionError" in p.stderr
+    checks = _sm70_checks((REPO_ROOT / "images/sm70/Dockerfile").read_text())
+    assert len(checks) == 3
+    for check in checks[:2]:
+        p = subprocess.run([str(eng), "-c", check], capture_output=True, text=True, check=False, timeout=300)
+        assert p.returncode == 1 and "AssertionError" in p.stderr, check
+    ok = subprocess.run([str(eng), "-c", checks[2]], capture_output=True, text=True, check=False, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    gone = checks[2].replace("vllm.models.deepseek_v41'", "vllm.models.deepseek_v41_absent'")
+    bad = subprocess.run([str(eng), "-c", gone], capture_output=True, text=True, check=False, timeout=300)
+    assert bad.returncode == 1 and "deepseek_v41_absent" in bad.stderr
 
 
 def _sm86_wheel_check(tmp_path: Path) -> str:
@@ -194,9 +198,98 @@ def test_sm121_torch_check_compares_the_local_version_too(tmp_path):
 
 
 ENCODER = REPO_ROOT / "images" / "sm121" / "ds4-dsv4-encoder"
+FIX = REPO_ROOT / "images" / "sm121" / "ds4_dsv4_encoder_fix.py"
+
+# A stand-in for the checkpoint's encoder with its fault (tests' own code): arguments always parsed as JSON text,
+# anything else wrapped as one `arguments` parameter (MiaAI-Lab two-Spark setup, issue 21).
+FAULTY_ENCODER = """import json
 
 
-def _encoder_run(tmp_path, *, checkpoint_has_encoder=True, engine_has_module=True):
+def encode_arguments_to_dsml(tool_call):
+    try:
+        arguments = json.loads(tool_call["arguments"])
+    except Exception:
+        arguments = {"arguments": tool_call["arguments"]}
+    return "\\n".join(f'<p name="{k}">{v if isinstance(v, str) else json.dumps(v)}</p>' for k, v in arguments.items())
+
+
+def render(call):
+    return encode_arguments_to_dsml(call)
+"""
+# The same format, written the way vLLM's own encoder handles both types: the reference.
+REFERENCE_ENCODER = FAULTY_ENCODER.replace(
+    """    try:
+        arguments = json.loads(tool_call["arguments"])
+    except Exception:
+        arguments = {"arguments": tool_call["arguments"]}""",
+    """    arguments = tool_call["arguments"]
+    if isinstance(arguments, str):
+        arguments = json.loads(arguments)""")
+
+
+def _fix(*args, cwd=None):
+    import sys
+
+    return subprocess.run([sys.executable, str(FIX), *map(str, args)], capture_output=True, text=True, check=False,
+                          cwd=cwd, timeout=120)
+
+
+def test_the_fix_makes_a_replayed_object_argument_encode_as_vllm_does(tmp_path):
+    import importlib.util as iu
+    import json
+
+    enc, ref = tmp_path / "enc.py", tmp_path / "ref.py"
+    enc.write_text(FAULTY_ENCODER)
+    ref.write_text(REFERENCE_ENCODER)
+    call = {"name": "write_file", "arguments": {"path": "a.py", "n": 2}}
+
+    def load(path):
+        spec = iu.spec_from_file_location(f"m{path.stat().st_mtime_ns}{path.name}", path)
+        mod = iu.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    assert 'name="arguments"' in load(enc).render(call)  # the fault, as the checkpoint has it
+    p = _fix("apply", enc, "--reference", ref)
+    assert p.returncode == 0, p.stderr
+    assert "object arguments encode as vLLM's unpatched encoder encodes them" in p.stdout
+    fixed = load(enc)
+    as_text = {**call, "arguments": json.dumps(call["arguments"])}
+    assert fixed.render(call) == load(ref).render(call) == fixed.render(as_text)
+    # Applying again changes nothing; the module's own callers (render) use the wrapper.
+    once = enc.read_text()
+    assert _fix("apply", enc, "--reference", ref).returncode == 0 and enc.read_text() == once
+
+
+def test_the_fix_refuses_an_encoder_it_cannot_fix_and_restores_it(tmp_path):
+    enc, ref = tmp_path / "enc.py", tmp_path / "ref.py"
+    # Wraps every argument whatever its type: no wrapper around the function can repair that.
+    broken = FAULTY_ENCODER.replace('arguments = json.loads(tool_call["arguments"])',
+                                    'arguments = {"arguments": tool_call["arguments"]}')
+    enc.write_text(broken)
+    ref.write_text(REFERENCE_ENCODER)
+    p = _fix("apply", enc, "--reference", ref)
+    assert p.returncode == 1
+    assert "error: ds4_dsv4_encoder_fix apply: the arguments are wrapped into one parameter" in p.stderr
+    assert enc.read_text() == broken  # restored
+    enc.write_text("OLD = 1\n")
+    assert "has no encode_arguments_to_dsml" in _fix("apply", enc, "--reference", ref).stderr
+
+
+def test_the_build_self_test_on_vllms_own_encoder():
+    """The image runs it at build against its vLLM's deepseek_v4 encoder; here against the CPU vLLM's (same file)."""
+    if not ENGINE_PYTHON.is_file():
+        pytest.skip("no .cache/engine-venv: run `make unit` (it creates it)")
+    find = subprocess.run([str(ENGINE_PYTHON), "-c", "import importlib.util as u; "
+                           "print(u.find_spec('vllm').submodule_search_locations[0])"],
+                          capture_output=True, text=True, check=True, timeout=120)
+    ref = Path(find.stdout.strip()) / "tokenizers" / "deepseek_v4_encoding.py"
+    p = _fix("self-test", "--reference", ref)
+    assert p.returncode == 0, p.stderr
+    assert "fixes the faulty stand-in" in p.stdout
+
+
+def _encoder_run(tmp_path, *, checkpoint_has_encoder=True, engine_has_module=True, checkpoint=FAULTY_ENCODER):
     """Run images/sm121/ds4-dsv4-encoder against a stand-in vllm package and model directory."""
     import os
     import sys
@@ -210,27 +303,32 @@ def _encoder_run(tmp_path, *, checkpoint_has_encoder=True, engine_has_module=Tru
     model = tmp_path / "model" / "encoding"
     model.mkdir(parents=True)
     if checkpoint_has_encoder:
-        (model / "encoding_dsv4.py").write_text("NEW = 0731\n")
+        (model / "encoding_dsv4.py").write_text(checkpoint)
+    reference = tmp_path / "reference.py"
+    reference.write_text(REFERENCE_ENCODER)
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "python3").symlink_to(sys.executable)
     env = {**os.environ, "PYTHONPATH": str(site), "PATH": f"{bindir}:{os.environ['PATH']}",
-           "DS4_DSV4_ENCODER": str(model / "encoding_dsv4.py")}
+           "DS4_DSV4_ENCODER": str(model / "encoding_dsv4.py"), "DS4_DSV4_FIX": str(FIX),
+           "DS4_DSV4_REFERENCE": str(reference)}
     p = subprocess.run(["bash", str(ENCODER), "sh", "-c", "echo engine ran with $0", "ok"], env=env,
                        capture_output=True, text=True, check=False)
     return p, installed
 
 
-def test_encoder_step_installs_the_checkpoints_encoder_then_runs_the_engine(tmp_path):
+def test_encoder_step_installs_the_checkpoints_encoder_fixes_it_then_runs_the_engine(tmp_path):
     p, installed = _encoder_run(tmp_path)
     assert p.returncode == 0, p.stderr
-    assert installed.read_text() == "NEW = 0731\n"
+    assert installed.read_text().startswith(FAULTY_ENCODER)
+    assert "ds4_dsv4_encoder_fix: patched" in p.stderr
     assert p.stdout.strip() == "engine ran with ok"
 
 
 @pytest.mark.parametrize(("kwargs", "cause"), [
     ({"checkpoint_has_encoder": False}, "not a DeepSeek-V4 checkpoint with its encoder"),
     ({"engine_has_module": False}, "the engine has no vllm/tokenizers/deepseek_v4_encoding.py"),
+    ({"checkpoint": "NEW = 731\n"}, "has no encode_arguments_to_dsml"),
 ])
 def test_encoder_step_fails_closed(tmp_path, kwargs, cause):
     p, _ = _encoder_run(tmp_path, **kwargs)
@@ -239,9 +337,60 @@ def test_encoder_step_fails_closed(tmp_path, kwargs, cause):
     assert "engine ran" not in p.stdout
 
 
+ANCHOR_ORDER = ["hotfix-gb10-spin-wait.sh", "hotfix-dsv4-mtp-buffer-50312.sh", "hotfix-dsv4-adaptive-topk-50004.sh",
+                "hotfix-dsv4-skip-topk-49486.sh", "hotfix-dsv4-dense-prefill-indexer-48407.sh",
+                "hotfix-dsv4-skip-empty-c128-48957.sh", "hotfix-dsv4-flashmla-workspace-50298.sh",
+                "hotfix-dsv4-grammar-advance.sh"]
+
+
+def test_sm121_pins_the_anchors_backports_by_commit_and_sha256():
+    """The scripts the two-Spark setup runs before every start (docker-compose.dspark.yml at 489af958), in its
+    order, each with a sha256; the URL names that commit."""
+    lines = (REPO_ROOT / "images/sm121/anchor-patches.sha256").read_text().splitlines()
+    assert [ln.split("  ")[1] for ln in lines] == ANCHOR_ORDER
+    assert all(re.fullmatch(r"[0-9a-f]{64}", ln.split("  ")[0]) for ln in lines)
+    args = dockerfile_args("sm121")
+    assert args["ANCHOR_PATCHES_URL"] == ("https://raw.githubusercontent.com/MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-"
+                                          "DGX-Spark/489af9589684127ece879dd9e53395c5ff9157c8/patches")
+
+
+def _apply_loop(tmp_path: Path, scripts: dict[str, str]) -> subprocess.CompletedProcess:
+    """The sm121 Dockerfile's own apply loop (its text from `while read` to the sha256 file), run on stand-in
+    scripts in `tmp_path`: each gets VLLM_ROOT, then --status."""
+    text = (REPO_ROOT / "images/sm121/Dockerfile").read_text()
+    start = text.index('&& while read -r _ p; do \\\n         VLLM_ROOT=')
+    end = text.index("done < /opt/ds4deploy/anchor-patches.sha256", start)
+    loop = text[start + 3:end + len("done < /opt/ds4deploy/anchor-patches.sha256")].replace("\\\n", "\n")
+    sums = tmp_path / "sums"
+    sums.write_text("".join(f"{'0' * 64}  {name}\n" for name in scripts))
+    for name, body in scripts.items():
+        (tmp_path / name).write_text(body)
+    script = f"d={tmp_path}; vllm_dir={tmp_path}/vllm\n" + loop.replace("/opt/ds4deploy/anchor-patches.sha256",
+                                                                         str(sums))
+    return subprocess.run(["bash", "-o", "pipefail", "-c", script], capture_output=True, text=True, check=False)
+
+
+GOOD = 'if [ "${1:-}" = --status ]; then echo "part : APPLIED"; fi; test -n "$VLLM_ROOT"\n'
+
+
+@pytest.mark.parametrize(("bad", "says"), [
+    (None, ""),
+    ('if [ "${1:-}" = --status ]; then echo "part : NOT APPLIED"; fi\n', "NOT APPLIED"),
+    ('echo "[FAIL] anchor moved" >&2; exit 1\n', "[FAIL] anchor moved"),
+])
+def test_sm121_build_fails_when_a_backport_does_not_take(tmp_path, bad, says):
+    scripts = {"a.sh": GOOD, "b.sh": GOOD if bad is None else bad, "c.sh": GOOD}
+    p = _apply_loop(tmp_path, scripts)
+    assert (p.returncode == 0) == (bad is None), p.stdout + p.stderr
+    assert says in p.stdout + p.stderr
+    if bad is not None:
+        assert "c.sh: applied" not in p.stderr  # stops at the first failure
+
+
 def test_sm121_routes_nvfp4_ds_mla_decode_to_the_fp8_path_or_fails_the_build():
     text = (REPO_ROOT / "images/sm121/Dockerfile").read_text()
     assert "grep -qF 'use_fp8_cache = self.kv_cache_dtype == \"fp8_ds_mla\"'" in text
     assert "grep -qF 'use_fp8_cache = self.kv_cache_dtype in (\"fp8_ds_mla\", \"nvfp4_ds_mla\")'" in text
     assert "COPY --chmod=0755 ds4-dsv4-encoder /usr/local/bin/ds4-dsv4-encoder" in text
+    assert "ds4_dsv4_encoder_fix.py self-test" in text and "sha256sum -c -" in text
     assert load_recipe("gx10x2-ds4-flash-fp8").engine.entrypoint[0] == "ds4-dsv4-encoder"

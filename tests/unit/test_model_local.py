@@ -49,21 +49,23 @@ def test_lock_from_a_directory_records_every_part(gguf):
     assert manifest["files"] == {n: {"size": len(b), "sha256": hashlib.sha256(b).hexdigest()} for n, b in parts.items()}
     again = run_cli("model", "lock", "gguf", "--from", str(src), env_dir=recipe_dir)
     assert again.returncode == 0 and "up to date" in again.stdout
-    # One part named on its own is another model: the committed manifest wins, each difference is named.
+    # One part of a split named on its own is refused before any hashing: the engine needs every part.
     one = src / "tiny-00001-of-00003.gguf"
     p = run_cli("model", "lock", "gguf", "--from", str(one), env_dir=recipe_dir)
-    assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert "tiny-00002-of-00003.gguf: in the manifest, not in the source" in p.stderr
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert "split GGUF tiny: part(s) 00002-of-00003, 00003-of-00003 missing (1 of 3 present)" in p.stderr
     assert json.loads(path.read_text()) == manifest
 
 
 def test_lock_of_a_single_file(gguf, tmp_path):
-    recipe_dir, src, parts = gguf
-    name = "tiny-00002-of-00003.gguf"
-    p = run_cli("model", "lock", "gguf", "--from", str(src / name), env_dir=recipe_dir)
+    recipe_dir, _, parts = gguf
+    name = "tiny.gguf"  # a GGUF in one file (not a part of a split)
+    (tmp_path / name).write_bytes(parts["tiny-00002-of-00003.gguf"])
+    p = run_cli("model", "lock", "gguf", "--from", str(tmp_path / name), env_dir=recipe_dir)
     assert p.returncode == 0, p.stderr
     files = json.loads((recipe_dir / "gguf.manifest.json").read_text())["files"]
-    assert files == {name: {"size": len(parts[name]), "sha256": hashlib.sha256(parts[name]).hexdigest()}}
+    data = parts["tiny-00002-of-00003.gguf"]
+    assert files == {name: {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}}
 
 
 @pytest.mark.parametrize(("args", "needle"), [

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
+import yaml
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.load import all_recipes, load_recipe
-from tests.unit.conftest import run_cli, write_variant
+from tests.unit.conftest import REPO, run_cli, write_variant
 
 
 def test_every_committed_recipe_validates():
@@ -153,6 +155,37 @@ def test_extends_refuses_cycles_and_unknown_bases(recipe_dir):
     (recipe_dir / "c.yaml").write_text("extends: nope\nname: c\n")
     with pytest.raises(UserError, match="no recipe named 'nope'"):
         load_recipe("c")
+
+
+def test_extends_by_path_is_relative_to_the_recipe_file(tmp_path, monkeypatch):
+    """A path in `extends:` is read from the extending file's folder, wherever the tool runs."""
+    sub = tmp_path / "cases" / "one"
+    sub.mkdir(parents=True)
+    (sub / "cpu.yaml").write_text(f"extends: {os.path.relpath(REPO / 'recipes' / 'cpu.yaml', sub)}\n"
+                                  "serving:\n  port: 8123\n")
+    monkeypatch.chdir(tmp_path)
+    r = load_recipe(sub / "cpu.yaml")
+    assert r.serving.port == 8123 and r.model == load_recipe("cpu").model
+    (sub / "cpu.yaml").write_text("extends: ../nothere/cpu.yaml\n")
+    with pytest.raises(UserError,
+                       match=r"extends: no recipe named '\.\./nothere/cpu\.yaml' \(looked for .*nothere/cpu\.yaml"):
+        load_recipe(sub / "cpu.yaml")
+
+
+def test_no_fixture_is_a_full_recipe_copy():
+    """A recipe under tests/unit/fixtures holds its defect only: `extends:` a real recipe, no `schema_version` of
+    its own (which only a whole recipe has), so it follows the real recipes as they change. The handed bad-input
+    cases (fixtures/bad_input_3) are kept verbatim, as the user wrote them: their whole file is the input."""
+    copies = []
+    verbatim = REPO / "tests" / "unit" / "fixtures" / "bad_input_3"
+    for f in sorted((REPO / "tests" / "unit" / "fixtures").rglob("*.y*ml")):
+        if f.is_relative_to(verbatim):
+            continue
+        data = yaml.safe_load(f.read_text())
+        if isinstance(data, dict) and {"schema_version", "serving", "engine", "hardware", "extends"} & set(data):
+            if "extends" not in data or "schema_version" in data:
+                copies.append(str(f.relative_to(REPO)))
+    assert copies == []
 
 
 def test_the_two_node_recipe_is_cpu_plus_its_differences():

@@ -30,7 +30,9 @@ def test_owner_steps_follow_what_is_committed_and_check_fails_when_stale(recipe_
     text = (recipe_dir / "README.md").read_text()
     assert f"`ds4deploy model lock {name}` (records every file's digest from the hub" in text
     # Per-session decode cells of the reference table; the GX10 pair is in `make test`'s rehearsal (REHEARSED).
-    assert "| 45.9-56.1 | rehearsed here, needs the hardware |" in text
+    # The status also says how many full-length sessions its KV pool holds (ds4deploy.engines.kv_pool).
+    assert ("| 45.9-56.1 | rehearsed here, needs the hardware; KV holds 1 of 6 full-length sessions (1,048,576 tokens; "
+            "189,959 each when all are busy) |") in text
     assert "| 500-1500 | serves here | 1. `make deploy RECIPE=cpu` |" in text
     # Once the owner commits the manifest, the lock step is gone and the committed index is stale.
     (recipe_dir / f"{name}.manifest.json").write_text(json.dumps(

@@ -179,8 +179,10 @@ PINNED = {"ram_gb_each": 170, "vram_gib_each": 6.15, "source": "one per NUMA nod
 
 
 # A replica per NUMA node needs the reference box's RAM (768 GB: 192 GB = 178.8 GiB per node, docs/sources.md
-# #rtx3090-xeon), not the recipe's practical start of 128 GB per node.
+# #rtx3090-xeon), not the recipe's practical start of 128 GB per node, and the 0.3 share of each GPU per replica that
+# layout used (the recipe's one engine now takes 0.95).
 PINNED_RAM = {"ram_per_numa_gib": 178.8, "min_ram_gib": 716}
+PINNED_GPU_SHARE = 0.3
 
 
 def pinned_rtx():
@@ -190,6 +192,7 @@ def pinned_rtx():
     data = ref.model_dump(mode="python", exclude_unset=True)
     data["instances"] = PINNED
     data["hardware"].update(PINNED_RAM)
+    data["serving"]["gpu_memory_utilization"] = PINNED_GPU_SHARE
     pinned = type(ref).model_validate(data)
     pinned._source = ref.source_path
     return pinned
@@ -274,6 +277,7 @@ def test_an_ordered_stack_with_a_restart_policy_is_refused(tmp_path):
     path = tmp_path / "rtx3090x2-xeon-ds4-flash.yaml"
     data["instances"] = PINNED
     data["hardware"].update(PINNED_RAM)
+    data["serving"]["gpu_memory_utilization"] = PINNED_GPU_SHARE
     data["container"]["restart"] = "unless-stopped"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     with pytest.raises(UserError) as exc:

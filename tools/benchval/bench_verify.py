@@ -16,7 +16,7 @@ afterwards) with a manifest, then measures, each `--repeats` times (medians repo
 - a re-check that the sidecar answers (no ``--full``).
 
 "Cold" drops the page cache before each run (``echo 3 > /proc/sys/vm/drop_caches``, needs root); where that is not
-allowed only warm numbers are produced and the report says so. Results go to ``docs/bench-verify.json`` and the
+allowed only warm numbers are produced and the report says so. Results go to ``docs/results/bench-verify.json`` and the
 marked section of ``docs/bench-verify.md``. Target: verify at >= 0.9 x the limit.
 
 Units: GB/s = 10**9 bytes per second; file sizes in MiB/GiB (2**20 / 2**30 bytes).
@@ -42,7 +42,7 @@ from pathlib import Path
 
 import yaml
 
-from ds4deploy.bench.docs_section import write_section
+from ds4deploy.bench.docs_section import RESULTS_DIR, write_section
 from ds4deploy.model.verify import CHUNK, default_workers
 
 REPO = Path(__file__).resolve().parents[2]
@@ -385,7 +385,7 @@ def markdown(doc: dict) -> str:
         f"Re-check of the unchanged set through the sidecar (no `--full`): {s['sidecar_recheck_seconds']:.2f} s "
         "wall clock, all files `cached`.",
         "",
-        "Raw per-repeat numbers: `docs/bench-verify.json`.",
+        "Raw per-repeat numbers: `docs/results/bench-verify.json`.",
         END,
     ]
     return "\n".join(lines) + "\n"
@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--files", type=int, default=8)
     p.add_argument("--file-mib", type=int, default=512, help="MiB per file (a multiple of 64)")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--json", default=str(REPO / "docs" / "bench-verify.json"))
+    p.add_argument("--json", default=str(RESULTS_DIR / "bench-verify.json"))
     p.add_argument("--md", default=str(REPO / "docs" / "bench-verify.md"))
     args = p.parse_args(argv)
     doc = run(args)

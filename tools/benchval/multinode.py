@@ -10,7 +10,7 @@ orchestration plus engine start, not an image build):
   is the supervisor's failure event minus the kill time, recovery is the kill time to the first 200 of a chat request
   after the group restart (stop head, stop worker, start worker, start head).
 
-Results go to docs/bench-multinode.json and the "Multi-node" section of docs/benchmarks.md (replaced between its
+Results go to docs/results/bench-multinode.json and the "Multi-node" section of docs/benchmarks.md (replaced between its
 markers). Each figure is one run per repeat; the machine's other load is recorded (os.getloadavg) because on the
 2-core CI machine two engines share the cores.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 import httpx
 import yaml
 
-from ds4deploy.bench.docs_section import write_section
+from ds4deploy.bench.docs_section import RESULTS_DIR, write_section
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.recipe.paths import REPO_ROOT
 
@@ -88,7 +88,7 @@ def _recovery(recipe: str, inventory: str) -> dict:
 
 def run(repeats: int = 2, out_json: Path | None = None, out_md: Path | None = None) -> dict:
     """Run the measurements `repeats` times; write the JSON and the markdown section. Returns the results."""
-    out_json = out_json or REPO_ROOT / "docs" / "bench-multinode.json"
+    out_json = out_json or RESULTS_DIR / "bench-multinode.json"
     out_md = out_md or REPO_ROOT / "docs" / "benchmarks.md"
     res: dict = {"date": time.strftime("%Y-%m-%d"), "cores": os.cpu_count(), "runs": []}
     for _ in range(repeats):
@@ -105,7 +105,7 @@ def run(repeats: int = 2, out_json: Path | None = None, out_md: Path | None = No
     rows = "\n".join(f"| {k} | {res['median'][k]} | {', '.join(str(r[k]) for r in res['runs'])} |" for k in keys)
     section = (f"{BEGIN}\n## Multi-node: time to healthy and recovery (`make bench-multinode`, {res['date']})\n\n"
                f"Warm deploys (image built) on a {res['cores']}-core machine; the two nodes are containers sharing "
-               "its cores. Raw: docs/bench-multinode.json.\n\n| figure (s) | median | runs |\n|---|---|---|\n"
+               "its cores. Raw: docs/results/bench-multinode.json.\n\n| figure (s) | median | runs |\n|---|---|---|\n"
                f"{rows}\n\nDetection is the supervisor's 2 s container check; the group restart is "
                "ansible/restart.yml (stop head, stop worker, start worker, wait for its headless marker, start head, "
                f"wait for /health).\n{END}")

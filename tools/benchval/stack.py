@@ -25,7 +25,7 @@ networking), interleaved the same way, with TTFT from many one-token requests se
 (see `front_door_cost`); both sides are the one running engine, so nothing is frozen.
 
 Results go to ``docs/benchmarks.md`` (sections replaced between markers) and raw JSON to
-``docs/bench-stack.json`` and ``docs/bench-front-door.json``.
+``docs/results/bench-stack.json`` and ``docs/results/bench-front-door.json``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from pathlib import Path
 import httpx
 import openai
 
-from ds4deploy.bench.docs_section import write_section
+from ds4deploy.bench.docs_section import results_beside, write_section
 from ds4deploy.build.engine_venv import ensure_engine_venv
 from ds4deploy.build.image import LOCAL_BASE_IMAGE
 from ds4deploy.core.errors import UserError
@@ -248,7 +248,7 @@ def added_ttft(runs: list[dict]) -> dict:
 
 def write_front_door_report(res: dict, md_path: Path) -> None:
     """Write the raw JSON beside `md_path` and replace the front door section of the markdown."""
-    (md_path.parent / "bench-front-door.json").write_text(json.dumps(res, indent=2) + "\n")
+    results_beside(md_path, "bench-front-door.json").write_text(json.dumps(res, indent=2) + "\n")
     fd, en = res["front_door"], res["engine"]
     lines = [
         FD_BEGIN,
@@ -272,7 +272,7 @@ def write_front_door_report(res: dict, md_path: Path) -> None:
         f"(range over repeats {res['ttft_added_s_range'][0] * 1000:.2f} to {res['ttft_added_s_range'][1] * 1000:.2f} "
         "ms).",
         "",
-        "Raw per-run numbers: `docs/bench-front-door.json`.",
+        "Raw per-run numbers: `docs/results/bench-front-door.json`.",
         FD_END,
     ]
     write_section(md_path, FD_BEGIN, FD_END, "\n".join(lines), "Benchmarks")
@@ -306,7 +306,7 @@ def run_bench_stack(ns: argparse.Namespace) -> int:
         return 0
     deploy: dict[str, float | str] = {}
     previous = REPO_ROOT / ns.out
-    previous = previous.parent / "bench-stack.json"
+    previous = previous.parent / "results" / "bench-stack.json"
     if not ns.cold and previous.is_file():  # keep the last measured cold deploy, with its date
         old = json.loads(previous.read_text())
         if "cold_s" in old.get("deploy", {}):
@@ -413,7 +413,7 @@ def _rng(pair: list[float], scale: float = 1.0) -> str:
 def write_report(res: dict, md_path: Path) -> None:
     """Write the raw JSON beside `md_path` and replace the bench-stack section of the markdown."""
     md_path.parent.mkdir(parents=True, exist_ok=True)
-    (md_path.parent / "bench-stack.json").write_text(json.dumps(res, indent=2) + "\n")
+    results_beside(md_path, "bench-stack.json").write_text(json.dumps(res, indent=2) + "\n")
     d = res["deploy"]
     lines = [
         MARK_BEGIN,
@@ -446,7 +446,7 @@ def write_report(res: dict, md_path: Path) -> None:
         f"| warm (image and model present, stack down -> healthy{when}) | {d['warm_s']:.0f} |",
         f"| no-op re-deploy (stack up, nothing to change{when}) | {d['noop_s']:.0f} |",
         "",
-        "Raw per-run numbers: `docs/bench-stack.json`.",
+        "Raw per-run numbers: `docs/results/bench-stack.json`.",
         MARK_END,
     ]
     write_section(md_path, MARK_BEGIN, MARK_END, "\n".join(lines), "Benchmarks")

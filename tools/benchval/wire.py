@@ -6,7 +6,7 @@ be compared request for request if something outside both of them times the same
 timestamps do: per request, the client's TTFT minus the wire's TTFT is the client's own time inside its TTFT (its
 send path, its event loop reaching the chunk, its parser), and that difference is paired per request, so the
 server's request-to-request spread (on the 2-core CI host a request's TTFT at 4 sessions is 20-30 ms or 50-75 ms
-with its place in a batch, docs/bench-harness-runs/2026-11-30-wire.txt) drops out of the comparison.
+with its place in a batch, docs/results/bench-harness-runs/2026-11-30-wire.txt) drops out of the comparison.
 
 Capture: ``tcpdump -i <iface> -s 0 -U -w FILE tcp port PORT`` (needs root or CAP_NET_RAW). Parse: dpkt (pcap
 reader, Ethernet/Linux-cooked/IP/TCP). Requests are recognised by the benchmark salt every prompt starts with
@@ -258,7 +258,7 @@ def capture(path: Path, port: int, interface: str = "lo") -> Iterator[Capture]:
 
 
 # A client-side delay this long inside one request's TTFT is a stall of the client process (its event loop did not
-# reach the chunk), not the ordinary send/parse path: that is 0.3-1.2 ms here (docs/bench-harness-runs/
+# reach the chunk), not the ordinary send/parse path: that is 0.3-1.2 ms here (docs/results/bench-harness-runs/
 # 2026-11-30-wire.txt), while stalled requests waited 13-400 ms.
 STALL_MS = 5.0
 

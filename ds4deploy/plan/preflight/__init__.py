@@ -1,8 +1,9 @@
 """The preflight rule book: every known way a recipe fails on real hardware, checked before any host is touched.
 
 Each rule has an id, a title, the source of the fact behind it (docs/sources.md or a public page), a predicate saying
-when it applies, and a check returning a `Verdict`: ``pass``, ``fail`` (with a remediation), ``unknown`` (a fact
-is missing: the message says which and where to add it; never a silent pass) or ``skip`` (does not apply).
+when it applies, and a check returning a `Verdict`: ``pass``, ``fail`` (with a remediation), ``warn`` (a claim the
+recipe makes does not hold in full; shown with the numbers, never fatal), ``unknown`` (a fact is missing: the
+message says which and where to add it; never a silent pass) or ``skip`` (does not apply).
 
 Host facts come from an Ansible inventory (``--inventory``), per host::
 
@@ -13,7 +14,8 @@ Host facts come from an Ansible inventory (``--inventory``), per host::
 Units: GB = 10**9 bytes, GiB = 2**30 bytes; every memory number is printed in both where both appear.
 
 One module per rule family (as ansible-lint keeps one rule per file): `memory`, `speculative`, `architecture`,
-`fabric`, `model`, `field_reports`, `serving`; `rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
+`fabric`, `model`, `field_reports`, `serving`, `engine` (what the pinned engine registers), `kv_claims` (how many
+full-length sessions the KV pool holds); `rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
 """
 
 # Importing a family registers its rules; this order is the rule book's order.
@@ -25,6 +27,8 @@ from ds4deploy.plan.preflight import (  # noqa: F401, I001
     model,
     field_reports,
     serving,
+    engine,
+    kv_claims,
 )
 from ds4deploy.plan.preflight.rulebook import RULES, Report, Rule, Verdict, run
 

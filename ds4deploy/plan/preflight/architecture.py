@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ds4deploy.plan.preflight.rulebook import _spec_k, rule
 from ds4deploy.recipe.instances import instance_count
-from ds4deploy.recipe.schema import Recipe
+from ds4deploy.recipe.schema import Recipe, whole_number
 
 
 @rule("v100-fp16", "V100: fp16 only (no bf16 on sm70)", "docs/sources.md#sm70-fp16: V100 has no bf16: --dtype half",
@@ -109,43 +109,23 @@ def _v100_sync(r: Recipe, hosts):
       "03b859d5489dca31b5cd624202afb6f60cbb37a1)",
       lambda r: r.hardware.gpus.arch == "sm121" and r.serving.max_model_len > GB10_FIXED_KV_ABOVE_TOKENS)
 def _gb10_fixed_kv(r: Recipe, hosts):
-    fixed = r.serving.extra_args.get("kv-cache-memory-bytes")
+    raw = r.serving.extra_args.get("kv-cache-memory-bytes")
+    fixed = whole_number(raw)
     nums = (f"max_model_len {r.serving.max_model_len:,} > {GB10_FIXED_KV_ABOVE_TOKENS:,}; "
-            f"kv-cache-memory-bytes {fixed if fixed is not None else 'unset (sized from gpu_memory_utilization)'}")
-    if fixed is not None and int(fixed) > 0:
+            f"kv-cache-memory-bytes {raw if raw is not None else 'unset (sized from gpu_memory_utilization)'}")
+    if fixed is not None and fixed > 0:
         return "pass", nums, ""
     return "fail", nums, ("set serving.extra_args.kv-cache-memory-bytes (12884901888 = 12 GiB per rank in the "
                           "reference) and drop memory.kv_cache_gib_per_gpu, or lower serving.max_model_len")
 
 
-# The engine variables the GB10 community image 0.1.1 does not register (vLLM warns "Unknown vLLM environment
-# variable" and ignores them), although the image's own compose or its Stage-C lane set them: MiaAI-Lab/
-# DeepSeek-v4-Flash-DSpark-2x-DGX-Spark docs/ENVS.md at 489af9589684127ece879dd9e53395c5ff9157c8 (sections B and C,
-# audited by listing vllm.envs.environment_variables inside the image).
-GB10_011_UNREGISTERED_ENV = (
-    "VLLM_TRITON_MLA_SPARSE", "VLLM_SKIP_INIT_MEMORY_CHECK", "VLLM_USE_B12X_WO_PROJECTION",
-    "VLLM_DSPARK_CONFIDENCE_THRESHOLD", "VLLM_DSPARK_CONFIDENCE_SCHEDULER", "VLLM_DSPARK_LOCAL_ARGMAX",
-    "VLLM_DSPARK_REPLICATE_MARKOV_W1", "VLLM_DSPARK_FUSED_MARKOV_ARGMAX", "VLLM_DSPARK_GPU_REJECTED_CONTEXT_MASK",
-    "VLLM_DSPARK_REFERENCE_KV_QUANT_DEQUANT", "VLLM_DSPARK_HARDWARE_SCHEDULER_EARLY_STOP",
-    "VLLM_DSV4_B12X_COMPRESSED_MLA", "VLLM_DSV4_DSPARK_DEFER_TARGET_CAPTURE",
-    "VLLM_DSV4_DSPARK_DEFER_TARGET_CAPTURE_EXACT",
-)
-_ENVS_DOC = ("https://github.com/MiaAI-Lab/DeepSeek-v4-Flash-DSpark-2x-DGX-Spark/blob/"
-             "489af9589684127ece879dd9e53395c5ff9157c8/docs/ENVS.md")
+# The unregistered-variable check of the GB10 0.1.1 image is the engine family's rule engine-env
+# (ds4deploy/plan/preflight/engine.py), against the image's registry (ds4deploy/engines/registry/); MiaAI-Lab/
+# DeepSeek-v4-Flash-DSpark-2x-DGX-Spark docs/ENVS.md at 489af958 audits the same list inside the image.
 
 
 def _gb10_011(r: Recipe) -> bool:
     return r.engine.flavor == "gb10-community" and "dspark-vllm-gx10:0.1.1" in (r.engine.image.base_image or "")
-
-
-@rule("gb10-unregistered-env", "no engine variable the GB10 0.1.1 image ignores",
-      f"{_ENVS_DOC} (variables not in the 0.1.1 image's registry are warned about and ignored)", _gb10_011)
-def _gb10_env(r: Recipe, hosts):
-    ignored = sorted(set(r.engine.env) & set(GB10_011_UNREGISTERED_ENV))
-    if not ignored:
-        return "pass", f"{len(r.engine.env)} variables, none unknown to the image", ""
-    return "fail", f"ignored by the engine: {', '.join(ignored)}", (
-        "remove them from engine.env: setting them changes nothing on this image (they belong to other builds)")
 
 
 @rule("gb10-regular-graphs", "GB10 0.1.1 with DeepSeek V4 opts out of breakable CUDA graphs",

@@ -17,7 +17,7 @@ class Verdict:
     """The outcome of one rule: status, the numbers behind it, what to do, and where the rule comes from."""
 
     rule: str
-    status: str  # pass | fail | unknown | skip
+    status: str  # pass | fail | warn | unknown | skip
     numbers: str
     remediation: str
     source: str

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ds4deploy.plan.preflight.rulebook import _spec_k, rule
-from ds4deploy.recipe.schema import Recipe
+from ds4deploy.recipe.schema import Recipe, whole_number
 
 
 @rule("dspark-seqs-32", "Lvllmds4-x 2.3.8: max_num_seqs x (k+1) <= 32",
@@ -34,10 +34,14 @@ def _k5(r: Recipe, hosts):
       or (r.engine.flavor == "gb10-community" and _spec_k(r) > 0))
 def _capture(r: Recipe, hosts):
     k, n = _spec_k(r), r.serving.max_num_seqs
-    got = r.serving.extra_args.get("max-cudagraph-capture-size")
-    if got is None:
+    raw = r.serving.extra_args.get("max-cudagraph-capture-size")
+    if raw is None:
         return "fail", "max-cudagraph-capture-size unset", (
             f"set serving.extra_args.max-cudagraph-capture-size to {n * (k + 1)} (GB10 builds with DSpark need it)")
+    got = whole_number(raw)
+    if got is None:
+        return "fail", f"capture size {raw!r} is not a whole number", (
+            f"set serving.extra_args.max-cudagraph-capture-size to {n * (k + 1)} (a number)")
     nums = f"capture size {got}; max_num_seqs {n} x (k {k} + 1) = {n * (k + 1)}"
     if got == n * (k + 1):
         return "pass", nums, ""

@@ -141,3 +141,17 @@ def test_gid_index_several_matches_are_ambiguous():
 def test_gid_index_bad_address():
     with pytest.raises(UserError, match="not an IPv4 address"):
         roce_v2_gid_index([], "rocep1s0f1", "10.100.184")
+
+
+def test_show_gids_paste_with_lost_line_breaks_is_refused_with_the_reason():
+    # Issue 26: header, rows and n_gids_found=2 on one line; never an empty table.
+    with pytest.raises(UserError) as exc:
+        parse_show_gids(fixture_text("show_gids-mlx5-1-newlines-lost-in-paste.txt"))
+    assert "show_gids output lost its line breaks" in exc.value.cause
+    assert "2 GID row(s)" in exc.value.cause and "could not be read" in exc.value.cause
+
+
+def test_show_gids_header_alone_is_not_an_empty_table():
+    header = fixture_text("show_gids-k8s-rdma-sriov-dev-plugin-30-empty.txt").replace("n_gids_found=0\n", "")
+    with pytest.raises(UserError, match="no GID row and no 'n_gids_found=N' line"):
+        parse_show_gids(header)

@@ -134,3 +134,18 @@ def test_connection_failure_after_the_tcp_exchange():
     assert "-x" in err.value.fix and "gid-index" in err.value.fix
     with pytest.raises(UserError, match="RDMA connection after the TCP exchange"):
         parse_ib_write_bw("Failed to modify QP to RTS\n Unable to Connect the HCA's through the link\n")
+
+
+def test_server_side_mb_header_over_gbit_values_is_read_by_msg_rate():
+    # Issue 26: only the client ran --report_gbits; the server's header says MB/sec over Gb/s values.
+    result = parse_ib_write_bw(fixture_text("ib_write_bw-k8s-pod-server-mbsec-header-gbit-values.txt"))
+    assert (result.reported_unit, result.values_unit) == ("MB/sec", "Gb/sec")
+    assert result.bw_avg_gbit_s == 196.07  # 0.002922 Mpps x 8388608 B x 8 = 196.1 Gb/s; as MiB/s it would be 1.64
+    assert result.rows[0].size_bytes == 8388608
+    assert any("MsgRate x #bytes says the values are Gb/sec" in w for w in result.warnings)
+
+
+def test_values_that_agree_with_neither_unit_are_refused():
+    text = fixture_text("ib_write_bw-k8s-pod-server-mbsec-header-gbit-values.txt").replace("0.002922", "0.292200")
+    with pytest.raises(UserError, match="neither as Gb/sec nor as MB/sec"):
+        parse_ib_write_bw(text)

@@ -133,3 +133,29 @@ def test_other_tool_and_header_only_are_refused():
     header_only = fixture_text("nccl_tests-coreweave-43-gb200.txt").split("   536870912")[0]
     with pytest.raises(UserError, match="no result row"):
         parse_nccl_tests(header_only)
+
+
+def test_open_mpi_help_message_lines_are_noise_not_cut_rows():
+    # Issue 26: "8 more processes have sent help message ..." starts with a digit but is no row.
+    result = parse_nccl_tests(fixture_text("nccl_tests-a100-8gpu-mpirun-openmpi-help-message-noise.txt"))
+    assert len(result.rows) == 30
+    assert (result.rows[0].size_bytes, result.rows[-1].size_bytes) == (8, 4294967296)
+    assert result.avg_busbw_gbyte_s == 72.7724
+    assert result.wrong_elements == 0 and result.out_of_bounds_ok is True and not result.data_corrupt
+    assert [r.device for r in result.ranks] == list(range(8))
+
+
+def test_nccl_failure_line_is_quoted_as_the_cause():
+    # The line as nccl-tests prints it (NVIDIA/nccl-tests issue #275, title), after the rows it finished.
+    text = fixture_text("nccl_tests-a100-8gpu-mpirun-openmpi-help-message-noise.txt")
+    cut = text[: text.index("   268435456")] + (
+        "dell03: Test NCCL failure common.cu:1012 'internal error - please report this issue to the NCCL developers"
+        " / '\n .. dell03 pid 543317: Test failure common.cu:891\n")
+    with pytest.raises(UserError) as exc:
+        parse_nccl_tests(cut)
+    assert ("nccl-tests reported NCCL failure at common.cu:1012: 'internal error - please report this issue to the "
+            "NCCL developers'") in exc.value.cause
+    assert "NCCL_DEBUG=WARN" in exc.value.fix
+    # Before any table (NVIDIA/nccl-tests issue #66, title): the cause is the CUDA failure, not "no table".
+    with pytest.raises(UserError, match=r"CUDA failure at common\.cu:730: 'unknown error'"):
+        parse_nccl_tests("# nThread 1 nGpus 1 minBytes 1048576\nTest CUDA failure common.cu:730 'unknown error'\n")

@@ -101,3 +101,34 @@ def test_other_tool_or_empty_output_is_refused():
         parse_query_gpu("\n")
     with pytest.raises(UserError, match="expected nvidia-smi --query-gpu CSV"):
         parse_query_gpu(fixture_text("rdma_link-3fs-pr-283.txt"))
+
+
+def test_plain_table_is_read_as_users_paste_it():
+    # Issue 26: the plain `nvidia-smi` table (driver 535 layout), 4x V100.
+    rows = parse_query_gpu(fixture_text("nvidia_smi-v100-sxm2-4gpu-table-driver535-grid5000.txt"))
+    assert [r["index"] for r in rows] == [0, 1, 2, 3]
+    assert {r["name"] for r in rows} == {"Tesla V100-SXM2-32GB"}
+    assert {r["persistence_mode"] for r in rows} == {"Enabled"}
+    assert {r["power_limit_w"] for r in rows} == {300.0}
+    assert {r["memory_total_mib"] for r in rows} == {32768}
+    assert rows[0]["driver_version"] == "535.183.06" and rows[0]["pci_bus_id"] == "00000000:1A:00.0"
+    # What the host checks ask for: fields the table does not show are None, never guessed.
+    from ds4deploy.checks.host import GPU_FIELDS
+
+    checked = parse_query_gpu(fixture_text("nvidia_smi-v100-sxm2-4gpu-table-driver535-grid5000.txt"), GPU_FIELDS)
+    assert checked[0] == {"index": 0, "name": "Tesla V100-SXM2-32GB", "driver_version": "535.183.06",
+                          "compute_cap": None, "persistence_mode": "Enabled", "power_limit_w": 300.0,
+                          "power_max_limit_w": None, "clocks_max_graphics_mhz": None}
+
+
+def test_q_output_is_read_and_a_cut_capture_refused():
+    text = fixture_text("nvidia_smi-q-v100-sxm2-traverse-418-first-of-4.txt")
+    with pytest.raises(UserError, match="Attached GPUs : 4 but prints 1 GPU section"):
+        parse_query_gpu(text)
+    # The same capture as a one-GPU host would print it.
+    one = text.replace("Attached GPUs                       : 4", "Attached GPUs                       : 1")
+    (row,) = parse_query_gpu(one)
+    assert (row["name"], row["persistence_mode"], row["driver_version"]) == ("Tesla V100-SXM2-32GB", "Enabled",
+                                                                            "418.67")
+    assert (row["memory_total_mib"], row["power_limit_w"], row["power_max_limit_w"]) == (32480, 300.0, 300.0)
+    assert (row["clocks_max_graphics_mhz"], row["pci_bus_id"]) == (1530, "00000004:04:00.0")

@@ -1,6 +1,9 @@
 """The Ansible model role with a `source: local` model, run for real against this host (connection local, no
 Docker): MODEL_FROM copies the files it names to the node and checks the copy; without it the node's own copy in
-model.path is checked, and a missing or different file stops the play naming the node, the file and the fix."""
+model.path is checked, and a missing or different file stops the play naming the node, the file and the fix.
+
+In the test-hosts tier (`make test-hosts`), which already runs ansible-playbook, not in the unit tier: one run of
+the role takes most of a minute on the 2-core CI host."""
 
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def test_model_from_is_copied_and_checked_then_the_nodes_copy_is_checked(role_ru
     run, node_dir = role_run
     src = tmp_path / "gguf"
     (src / "sub").mkdir(parents=True)
-    parts = {"tiny-00001-of-00002.gguf": os.urandom(300_000), "sub/tiny-00002-of-00002.gguf": os.urandom(200_001)}
+    # A model in one file and a second file in a subdirectory (not the parts of a split: those share a directory).
+    parts = {"tiny.gguf": os.urandom(300_000), "sub/tiny-mmproj.gguf": os.urandom(200_001)}
     for name, data in parts.items():
         (src / name).write_bytes(data)
     p = run(str(src))
@@ -71,9 +75,9 @@ def test_model_from_is_copied_and_checked_then_the_nodes_copy_is_checked(role_ru
     assert p.returncode == 0, p.stdout[-3000:]
     copy = p.stdout.split("Copy the model files]")[1].split("TASK [")[0]
     assert "skipping: [localhost]" in copy and "changed" not in copy
-    (node_dir / "sub" / "tiny-00002-of-00002.gguf").unlink()
+    (node_dir / "sub" / "tiny-mmproj.gguf").unlink()
     p = run()
     assert p.returncode != 0
-    assert "differing files: sub/tiny-00002-of-00002.gguf" in p.stdout
+    assert "differing files: sub/tiny-mmproj.gguf" in p.stdout
     assert f"put the files recipes/gguf.manifest.json lists into {node_dir}" in p.stdout
     assert "MODEL_FROM=" in p.stdout
