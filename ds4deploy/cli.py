@@ -565,6 +565,10 @@ def cmd_conformance(ns: argparse.Namespace) -> int:
         from ds4deploy.conformance.record import run_record
 
         return run_record(ns)
+    if ns.recipe == "parsers":
+        from ds4deploy.conformance.pinned_parsers import run_parsers
+
+        return run_parsers(ns)
     from ds4deploy.conformance.runner import run_conformance
 
     return run_conformance(ns)
@@ -865,7 +869,8 @@ def build_parser() -> argparse.ArgumentParser:
     sk.set_defaults(func=cmd_bench_soak)
 
     cf = sub.add_parser("conformance", help="client conformance matrix (OpenAI and Anthropic SDKs, raw HTTP) "
-                        "against a server; `conformance record` runs the recording proxy")
+                        "against a server; `conformance record` runs the recording proxy; `conformance parsers` runs "
+                        "the pinned engines' tool-call parsers offline")
     cf.add_argument("recipe", nargs="?", help="recipe whose server to test (address, port, key file, model), or "
                     "`record` for the recording proxy")
     cf.add_argument("--url", help="server base URL, http://host:port (default: the recipe's); for `record`, the "
@@ -883,6 +888,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="record: forward to this recipe's server (instead of --url)")
     cf.add_argument("--strip-text", action="store_true", help="record: save prose (system prompt, messages, tool "
                     "descriptions) as filler of the same length, to share a shape without its content")
+    cf.add_argument("--fetch-only", action="store_true", help="parsers: only download the pinned parser code")
     cf.set_defaults(func=cmd_conformance)
 
     ck = sub.add_parser("check", help="host, rails and fabric checks of provisioned nodes").add_subparsers(

@@ -20,6 +20,16 @@ def counts(results: list[dict]) -> dict[str, int]:
     return {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
 
 
+def by_mode(results: list[dict]) -> dict[str, dict[str, int]]:
+    """Results per mode label (``stream+think``, ``no-stream``, ``-``, ...), each with its count per verdict, in
+    the order the modes first appear."""
+    out: dict[str, dict[str, int]] = {}
+    for r in results:
+        row = out.setdefault(r["mode"], {v: 0 for v in VERDICTS})
+        row[r["verdict"]] += 1
+    return out
+
+
 def exit_code(results: list[dict]) -> int:
     """1 when any case failed, else 0 (model-dependent results and findings do not fail a run)."""
     return 1 if any(r["verdict"] == FAIL for r in results) else 0
@@ -41,6 +51,11 @@ def summary_line(meta: dict, results: list[dict]) -> str:
     c = counts(results)
     return (f"{len(results)} results: " + ", ".join(f"{c[v]} {v}" for v in VERDICTS)
             + f" in {meta['duration_s']:.1f} s")
+
+
+def mode_line(results: list[dict]) -> str:
+    """``per mode: <mode> <pass>/<results> pass, ...``: how many cases pass in each mode."""
+    return "per mode: " + ", ".join(f"{m} {c[PASS]}/{sum(c.values())} pass" for m, c in by_mode(results).items())
 
 
 def _md_cell(text: str) -> str:
@@ -69,6 +84,12 @@ def markdown(meta: dict, results: list[dict], docs: dict[str, str]) -> str:
         "did not show the behaviour (the reason is given; forced modes never get this verdict); **finding** works as "
         "built, but an owner must know it.",
         "",
+        "Per mode (a case runs in every stream x thinking mode that applies to it; `-`: the mode does not apply):",
+        "",
+        "| mode | " + " | ".join(VERDICTS) + " |",
+        "|---|" + "---|" * len(VERDICTS),
+        *[f"| {m} | " + " | ".join(str(c[v]) for v in VERDICTS) + " |" for m, c in by_mode(results).items()],
+        "",
         "| case | mode | verdict | evidence |",
         "|---|---|---|---|",
     ]
@@ -82,7 +103,8 @@ def write(out_dir: Path, meta: dict, results: list[dict], docs: dict[str, str]) 
     """Write conformance.json and conformance.md into `out_dir` (created), atomically. Returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / "conformance.json", out_dir / "conformance.md"
-    atomic_write_text(j, json.dumps({"schema": SCHEMA, **meta, "counts": counts(results), "results": results},
+    atomic_write_text(j, json.dumps({"schema": SCHEMA, **meta, "counts": counts(results),
+                                     "by_mode": by_mode(results), "results": results},
                                     indent=1) + "\n")
     atomic_write_text(m, markdown(meta, results, docs))
     return j, m

