@@ -3,8 +3,8 @@
 Read from the pinned source's own option table, `common/arg.cpp` (`common_params_parser_init`): each
 ``add_opt(common_arg({names...}, [{negations...}], [value hint], help, handler)[.set_examples({...})]...)`` call. An
 option applies to llama-server when it names no examples (common to every tool) or its ``set_examples`` lists
-``LLAMA_EXAMPLE_SERVER`` or ``LLAMA_EXAMPLE_COMMON``; ``set_excludes`` with the server removes it. A value hint (a string literal right after the
-name lists) means the flag takes a value; a second brace list holds the negated spellings (``--no-...``).
+``LLAMA_EXAMPLE_SERVER`` or ``LLAMA_EXAMPLE_COMMON``; ``set_excludes`` with the server removes it. The handler's
+signature says whether the flag takes a value; a second brace list holds the negated spellings (``--no-...``).
 
     python -m tools.llamacpp_flags <llama-cpp-python sdist .tar.gz> [commit]
 

@@ -11,10 +11,11 @@ comes from the sections every recipe has, written once:
 | ``--host`` / ``--port`` | `listen_host` and ``Recipe.engine_port`` (loopback behind the front door) |
 | ``-a`` | ``model.served_name`` and ``model.aliases``, comma-separated (`common/arg.cpp` ``--alias``) |
 | ``-np`` | ``serving.max_num_seqs``: parallel slots |
-| ``-c`` | ``serving.max_model_len x serving.max_num_seqs``: llama-server divides ``-c`` among the slots (each slot gets ``n_ctx / n_parallel`` tokens, `tools/server/server-context.cpp` ``n_ctx_slot``), so every request keeps ``max_model_len`` |
+| ``-c`` | ``serving.max_model_len x serving.max_num_seqs``: llama-server divides ``-c`` among the slots (its log: |
+| | ``n_ctx_slot``), so every request keeps ``max_model_len`` |
 | ``-n`` | ``serving.default_max_tokens``: tokens a request without max_tokens generates at most (``--n-predict``) |
 | ``--metrics``, ``--slots`` | always: the supervisor's progress probe and the bench read them |
-| API key | never on the command line: ``LLAMA_API_KEY`` in the environment (`common/arg.cpp` ``--api-key`` ``set_env``) |
+| API key | never on the command line: ``LLAMA_API_KEY`` in the environment (`common/arg.cpp` ``--api-key``) |
 
 Every flag is checked against the registry of the pinned source (`llamacpp_flags.json`, written by
 ``python -m tools.llamacpp_flags`` from its `common/arg.cpp`): a flag that commit does not know is refused before

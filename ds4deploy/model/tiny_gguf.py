@@ -17,8 +17,8 @@ The chat template is the model's own: DeepSeek-V4-Flash-0731's template as the p
 copied into this repository). llama-server's ``--jinja`` chat code recognises it (`common/chat.cpp`: a template that
 defines ``dsml_token`` selects the DeepSeek V3.2/V4 DSML tool-call parser), so a tool call goes through the same
 template and parser as the real model's. The tokenizer is byte-level BPE trained on the vLLM family's corpus
-(`ds4deploy.model.tiny`), with the template's own specials (``<｜User｜>``, ``<｜Assistant｜>``, begin/end of
-sentence) as control tokens, end of sentence the EOS token.
+(`ds4deploy.model.tiny`), with the template's own specials (User, Assistant, begin and end of
+sentence, each between U+FF5C bars) as control tokens, end of sentence the EOS token.
 
 Split layout (the pinned source's `tools/gguf-split/gguf-split.cpp`): part 1 holds every metadata key; each part
 holds ``split.no`` (u16, 0-based), ``split.count`` (u16) and ``split.tensors.count`` (i32, tensors in all parts);
@@ -45,8 +45,9 @@ GATING_SQRT_SOFTPLUS = 4
 # llama_token_type (include/llama.h): NORMAL 1, CONTROL 3.
 TOKEN_NORMAL, TOKEN_CONTROL = 1, 3
 # The DeepSeek V4 template's specials (models/templates/deepseek-ai-DeepSeek-V4-Flash-0731.jinja), control tokens here.
-BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
-SPECIAL_TOKENS = [BOS, EOS, "<｜User｜>", "<｜Assistant｜>"]
+# Written with escapes: U+FF5C FULLWIDTH VERTICAL LINE and U+2581 LOWER ONE EIGHTH BLOCK, as in the template.
+BOS, EOS = "<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>"
+SPECIAL_TOKENS = [BOS, EOS, "<\uff5cUser\uff5c>", "<\uff5cAssistant\uff5c>"]
 # Where the template sits in the llama-cpp-python sdist (the locked artifact of the llamacpp images).
 TEMPLATE_MEMBER = "vendor/llama.cpp/models/templates/deepseek-ai-DeepSeek-V4-Flash-0731.jinja"
 
