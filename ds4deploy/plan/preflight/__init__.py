@@ -13,7 +13,7 @@ Host facts come from an Ansible inventory (``--inventory``), per host::
 Units: GB = 10**9 bytes, GiB = 2**30 bytes; every memory number is printed in both where both appear.
 
 One module per rule family (as ansible-lint keeps one rule per file): `memory`, `speculative`, `architecture`,
-`fabric`, `model`, `field_reports`, `serving`; `rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
+`fabric`, `model`, `field_reports`, `serving`, `llamacpp`; `rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
 """
 
 # Importing a family registers its rules; this order is the rule book's order.
@@ -25,6 +25,7 @@ from ds4deploy.plan.preflight import (  # noqa: F401, I001
     model,
     field_reports,
     serving,
+    llamacpp,
 )
 from ds4deploy.plan.preflight.rulebook import RULES, Report, Rule, Verdict, run
 
