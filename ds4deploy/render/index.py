@@ -45,6 +45,8 @@ def _model(r: Recipe) -> str:
         return f"{m.repo_id}@{m.revision}{quant}, {m.size_on_disk_gb:g} GB"
     if m.source == "local":
         return f"{m.served_name} (local files{quant}), {m.size_on_disk_gb:g} GB"
+    if m.gguf is not None:
+        return f"{m.served_name} (generated tiny deepseek4 GGUF, {m.gguf.parts} parts)"
     return f"{m.served_name} (generated tiny checkpoint)"
 
 
@@ -78,7 +80,11 @@ REHEARSED = frozenset({"gx10x2-ds4-flash-fp8", "rtx3090x2-xeon-ds4-flash", "v100
 
 def status(r: Recipe) -> str:
     """``serves here`` for recipes that need no GPU (`make test` deploys the cpu recipes on the CI machine);
-    ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``."""
+    ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``. A llama.cpp
+    recipe's argv is proven by the real engine in `make test` (tests/llamacpp), not yet its deploy: ``engine
+    checked here``, with ``needs the hardware`` for GPU recipes."""
+    if r.engine.family == "llamacpp":
+        return "engine checked here" + (", needs the hardware" if r.hardware.gpus.count else "; deploy not wired yet")
     if r.hardware.gpus.count == 0:
         return "serves here"
     return "rehearsed here, needs the hardware" if r.base_name in REHEARSED else "needs the hardware"
@@ -116,6 +122,12 @@ def owner_steps(r: Recipe) -> list[str]:
         steps.append(f"lock the image artifacts ({names}): `ds4deploy image lock {name}` (`--artifact "
                      f"{arts[0].name}=<file>` when {arts[0].url.split('/')[2]} is unreachable), commit "
                      f"recipes/{name}.lock.json")
+    if r.engine.family == "llamacpp":
+        # The deploy's model staging and image build do not know the llama.cpp family yet: no make deploy to name.
+        steps.append("the deploy of llama.cpp recipes is not wired yet: the engine check (`make llamacpp`) is what "
+                     "runs; by hand, `docker compose -f compose/" + name + "/compose.yaml up -d` once the image is "
+                     "built and the GGUF parts are in " + r.model.path)
+        return steps
     steps.append(f"`make deploy RECIPE={name}{inventory}`")
     return steps
 
@@ -138,8 +150,9 @@ def index_markdown(recipes: list[Recipe] | None = None) -> str:
         "reference figures (`expected` in the YAML, with their sources). *serves here*: deployed and tested on this "
         "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
         "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
-        "tests/rehearse); *needs the hardware*: the steps are what an owner of that hardware still has to do, in "
-        "order.",
+        "tests/rehearse); *engine checked here*: `make test` runs the recipe's exact llama-server argv in the real "
+        "CPU engine on a tiny GGUF of the model's architecture and file layout (tests/llamacpp); *needs the "
+        "hardware*: the steps are what an owner of that hardware still has to do, in order.",
         "",
         "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Status "
         "| Steps for an owner |",
