@@ -8,6 +8,7 @@ there; the tier is skipped, saying why, where it is not.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import time
@@ -49,7 +50,8 @@ def llamacpp_image() -> str:
     for k, v in build_args(recipe).items():
         argv += ["--build-arg", f"{k}={v}"]
     t0 = time.monotonic()
-    subprocess.run([*argv, str(ctx)], check=True, env={"DOCKER_BUILDKIT": "0", "PATH": "/usr/bin:/bin"})
+    # The classic builder (the CI host has no buildx); each build step is a cached layer (images/llamacpp-cpu).
+    subprocess.run([*argv, str(ctx)], check=True, env={**os.environ, "DOCKER_BUILDKIT": "0"})
     print(f"\nllamacpp-cpu image built in {time.monotonic() - t0:.0f} s ({ref})")
     return ref
 

@@ -146,3 +146,20 @@ def test_wrong_model_path_fails(llamacpp_image, tiny_models):
     with pytest.raises(EngineFailed, match="failed to load model"):
         with engine(llamacpp_image, args, tiny_models(recipe.model.gguf.file, recipe.model.gguf.parts)):
             pass
+
+
+def test_flag_registry_matches_the_built_server(llamacpp_image):
+    """The registry read from the pinned common/arg.cpp (engines/llamacpp_flags.json) names exactly the flags the
+    built llama-server's --help prints."""
+    from ds4deploy.engines.llamacpp import known_flags
+
+    out = subprocess.run(["docker", "run", "--rm", llamacpp_image, "llama-server", "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    printed = set()
+    for line in out.splitlines():
+        head = line.strip().split("  ", 1)[0]
+        if head.startswith("-"):
+            printed.update(tok.rstrip(",") for tok in head.replace(",", " ").split() if tok.startswith("-"))
+    registry = set(known_flags())
+    assert printed - registry == set(), f"--help flags missing from the registry: {sorted(printed - registry)}"
+    assert registry - printed == set(), f"registry flags --help does not print: {sorted(registry - printed)}"
