@@ -119,6 +119,11 @@ COUNTEREXAMPLES = [
     ("front-door-ports", V100, "serving.front_door.engine_port", 8000),
     ("front-door-ports", V100, "serving.front_door.engine_port", None),
     ("front-door-ports", GX10, "serving.front_door.engine_port", 25000),
+    ("llamacpp-gguf", "v100x8-ds4-flash-llamacpp", "model.gguf.file",
+     "DeepSeek-V4-Flash-UD-Q4_K_XL-00002-of-00005.gguf"),
+    ("llamacpp-flags", "cpu-llamacpp", "engine.llamacpp.extra_args", {"no-mmap": True}),
+    ("llamacpp-volta-k-cache", "v100x8-ds4-flash-llamacpp", "engine.llamacpp.cache_type_k", "q8_0"),
+    ("llamacpp-volta-split", "v100x8-ds4-flash-llamacpp", "engine.llamacpp.split_mode", "tensor"),
 ]
 
 
