@@ -1,6 +1,7 @@
 """Every llama.cpp recipe's exact llama-server argv, run by the real engine (the llamacpp-cpu image) on a tiny GGUF
-of the recipe's architecture (deepseek4) and file layout (its part names and count): it must load, answer the
-OpenAI and the Anthropic API, and make a tool call through the model's own chat template with each.
+of the recipe's architecture (deepseek4) and file layout (its part names and count): it must load and answer the
+OpenAI and the Anthropic API through the model's own chat template. A tool call is asked for too; with random
+weights none comes (the marker on `test_tool_call_through_both_apis` says why).
 
 What differs from the recipe's hardware, and only that, is rewritten and printed: ``--port`` (a free port here)
 and ``-t``/``-tb`` capped at this host's cores. GPU offload flags (``-ngl``, ``-sm``, ``-ts``) stay as written:
@@ -102,7 +103,7 @@ def post(url: str, path: str, body: dict, anthropic: bool = False) -> dict:
 
 
 def serves(url: str, model: str) -> None:
-    """Both APIs answer and each makes a tool call; AssertionError naming what failed."""
+    """Both APIs answer; AssertionError naming what failed."""
     oa = post(url, "/v1/chat/completions", {"model": model, "max_tokens": 8, "temperature": 0,
                                             "messages": [{"role": "user", "content": "Hello"}],
                                             "chat_template_kwargs": NO_THINKING})
@@ -111,6 +112,10 @@ def serves(url: str, model: str) -> None:
                                     "messages": [{"role": "user", "content": "Hello"}],
                                     "chat_template_kwargs": NO_THINKING}, anthropic=True)
     assert an["type"] == "message" and an["usage"]["output_tokens"] > 0, an
+
+
+def tool_calls(url: str, model: str) -> None:
+    """A tool call through each API, by the model's own template and llama-server's DSML parser."""
     tc = post(url, "/v1/chat/completions", {
         "model": model, "max_tokens": 64, "temperature": 0, "tool_choice": "required",
         "tools": [{"type": "function", "function": TOOL}], "chat_template_kwargs": NO_THINKING,
@@ -135,6 +140,18 @@ def test_recipe_argv_serves_tiny_gguf(recipe, llamacpp_image, tiny_models):
     model_dir = tiny_models(recipe.model.gguf.file, recipe.model.gguf.parts)
     with engine(llamacpp_image, args, model_dir) as url:
         serves(url, recipe.model.served_name)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "a random-weight model never opens the DSML tool-call block, and at the pinned commit the DeepSeek V4 grammar "
+    "lets it write free text before the block even with tool_choice required (common/parsers/deepseek.cpp); seen on "
+    "the H200 run, docs/results/llamacpp-h200-2026-12-01. Strict: a tool call appearing fails this marker"))
+def test_tool_call_through_both_apis(llamacpp_image, tiny_models):
+    """The cpu-llamacpp argv: a tool call through each API (known gap, see the marker)."""
+    recipe = next(r for r in RECIPES if r.name == "cpu-llamacpp")
+    args, _ = check_argv(recipe)
+    with engine(llamacpp_image, args, tiny_models(recipe.model.gguf.file, recipe.model.gguf.parts)) as url:
+        tool_calls(url, recipe.model.served_name)
 
 
 def test_wrong_model_path_fails(llamacpp_image, tiny_models):
