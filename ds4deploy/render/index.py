@@ -81,7 +81,7 @@ REHEARSED = frozenset({"gx10x2-ds4-flash-fp8", "rtx3090x2-xeon-ds4-flash", "v100
 def status(r: Recipe) -> str:
     """``serves here`` for recipes that need no GPU (`make test` deploys the cpu recipes on the CI machine);
     ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``. A llama.cpp
-    recipe's argv is proven by the real engine in `make test` (tests/llamacpp), not yet its deploy: ``engine
+    recipe's argv is proven by the real engine in `make llamacpp` (tests/llamacpp), not yet its deploy: ``engine
     checked here``, with ``needs the hardware`` for GPU recipes."""
     if r.engine.family == "llamacpp":
         return "engine checked here" + (", needs the hardware" if r.hardware.gpus.count else "; deploy not wired yet")
@@ -150,7 +150,7 @@ def index_markdown(recipes: list[Recipe] | None = None) -> str:
         "reference figures (`expected` in the YAML, with their sources). *serves here*: deployed and tested on this "
         "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
         "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
-        "tests/rehearse); *engine checked here*: `make test` runs the recipe's exact llama-server argv in the real "
+        "tests/rehearse); *engine checked here*: `make llamacpp` runs the recipe's exact llama-server argv in the real "
         "CPU engine on a tiny GGUF of the model's architecture and file layout (tests/llamacpp); *needs the "
         "hardware*: the steps are what an owner of that hardware still has to do, in order.",
         "",
