@@ -243,8 +243,11 @@ class GgufFiles(Strict):
     """The GGUF llama-server loads: `file` is what ``-m`` names (part 1, ``<stem>-00001-of-0000N.gguf``, when the
     model is split), `parts` how many gguf-split files there are; the other names are derived from part 1's."""
 
-    file: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.gguf$")
-    parts: int = Field(default=1, ge=1, le=99999)
+    file: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.gguf$",
+                      description="-m: the GGUF file in model.path llama-server loads (part 1 of a split model, "
+                                  "<stem>-00001-of-0000N.gguf)")
+    parts: int = Field(default=1, ge=1, le=99999,
+                       description="gguf-split parts of the model (the five-digit part numbers bound it at 99,999)")
 
 
 class Engine(Strict):
