@@ -152,3 +152,18 @@ def test_chat_template_comes_from_the_sdist(tmp_path):
     assert "dsml_token" in chat_template_from(sdist)
     with pytest.raises(UserError, match="no DeepSeek V4 chat template"):
         chat_template_from(tmp_path / "missing.tar.gz")
+
+
+def test_key_shim_hands_the_key_file_variable_to_llama_server():
+    """The container command's shell copies VLLM_API_KEY (the key file's variable) into LLAMA_API_KEY (what
+    llama-server reads) and execs the program: run for real with `env` in llama-server's place."""
+    import subprocess
+
+    from ds4deploy.engines import LLAMACPP_KEY_SHIM, command
+
+    out = subprocess.run([*LLAMACPP_KEY_SHIM, "env"], env={"VLLM_API_KEY": "k$1 'x'", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "LLAMA_API_KEY=k$1 'x'" in out.splitlines()
+    r = load_recipe("cpu-llamacpp")
+    cmd = command(r, ["llama-server", *server_args(r)])
+    assert cmd[:len(LLAMACPP_KEY_SHIM)] == LLAMACPP_KEY_SHIM and "--api-key" not in cmd
