@@ -78,7 +78,8 @@ def engine(image: str, args: list[str], model_dir: Path):
             state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}} {{.State.ExitCode}}", cid],
                                    capture_output=True, text=True, check=True).stdout.split()
             if state[0] != "true":
-                log = subprocess.run(["docker", "logs", cid], capture_output=True, text=True).stderr
+                logs = subprocess.run(["docker", "logs", cid], capture_output=True, text=True)
+                log = logs.stdout + logs.stderr
                 raise EngineFailed(f"llama-server exited with {state[1]}:\n{log[-1500:]}")
             try:
                 if httpx.get(url + HEALTH_PATH, timeout=2).status_code == 200:
