@@ -845,6 +845,9 @@ def build_parser() -> argparse.ArgumentParser:
     ba.add_argument("--label-b", help="what configuration B is, for the report")
     ba.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for a response chunk")
     ba.add_argument("--quiet", action="store_true", help="print only the report path")
+    ba.add_argument("--cross-family", action="store_true",
+                    help="A and B are different engines (vLLM vs llama.cpp): report agreement apart from speed, "
+                    "no identity verdict (automatic for two recipes of different families)")
     ba.set_defaults(func=cmd_bench_ab)
     sk = bns.add_parser("soak", help="steady streaming load for a while: failed requests, TTFT and decode per window, "
                         "the engine container's memory trend")

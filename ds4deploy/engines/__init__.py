@@ -1,0 +1,53 @@
+"""Per-family dispatch: the engine's command, environment and health probe for a recipe, whichever family serves it.
+
+``engine.family`` picks the module: ``vllm`` (`ds4deploy.engines.vllm`) or ``llamacpp``
+(`ds4deploy.engines.llamacpp`). The render, the preflight rules and the tools ask here, never a family directly,
+unless what they check belongs to one family.
+"""
+
+from __future__ import annotations
+
+from ds4deploy.recipe.schema import Recipe
+
+# llama-server reads its key from LLAMA_API_KEY (common/arg.cpp --api-key); the key file holds it as VLLM_API_KEY
+# (one key file for every family, read by the front door too). A shell copies one into the other and execs the
+# server, so the key is on no command line.
+LLAMACPP_KEY_SHIM = ["/bin/sh", "-c", 'LLAMA_API_KEY="$VLLM_API_KEY" exec "$@"', "sh"]
+
+
+def engine_args(recipe: Recipe) -> list[str]:
+    """The engine's arguments after its entrypoint (what engine-args.json records)."""
+    if recipe.engine.family == "llamacpp":
+        from ds4deploy.engines.llamacpp import server_args
+
+        return server_args(recipe)
+    from ds4deploy.engines.vllm import engine_args as vllm_args
+
+    return vllm_args(recipe)
+
+
+def engine_env(recipe: Recipe) -> dict[str, str]:
+    """The engine's non-secret environment."""
+    if recipe.engine.family == "llamacpp":
+        from ds4deploy.engines.llamacpp import server_env
+
+        return server_env(recipe)
+    from ds4deploy.engines.vllm import engine_env as vllm_env
+
+    return vllm_env(recipe)
+
+
+def command(recipe: Recipe, argv: list[str]) -> list[str]:
+    """The container's command for `argv` (entrypoint + arguments): as is for vLLM, behind `LLAMACPP_KEY_SHIM` for
+    llama.cpp when the recipe has an API key."""
+    if recipe.engine.family == "llamacpp" and recipe.serving.auth.mode == "api_key":
+        return [*LLAMACPP_KEY_SHIM, *argv]
+    return argv
+
+
+def health_test(recipe: Recipe, url: str) -> list[str]:
+    """The compose healthcheck test that GETs `url`: python3 in the vLLM images, curl in the llama.cpp images (no
+    Python there); both fail on a non-2xx answer."""
+    if recipe.engine.family == "llamacpp":
+        return ["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5", url]
+    return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen('{url}', timeout=5)"]

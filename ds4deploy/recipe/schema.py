@@ -162,7 +162,7 @@ class ImageSpec(Strict):
     is, and a repeated pin must equal the derived one.
     """
 
-    arch: Literal["cpu", "sm70", "sm86", "sm121"] = Field(
+    arch: Literal["cpu", "sm70", "sm86", "sm121", "llamacpp-cpu", "llamacpp-cuda"] = Field(
         description="which images/<arch>/Dockerfile builds the engine image",
     )
     repository: str = Field(
@@ -200,19 +200,74 @@ class CudaToolkit(Strict):
     )
 
 
+class LlamaCpp(Strict):
+    """llama-server's settings for a recipe of the llama.cpp family (``engine.family: llamacpp``).
+
+    Each field becomes one llama-server flag (named first in its description, as the pinned source's
+    `common/arg.cpp` spells it); unset fields are left to llama-server's defaults. The model file, host, port,
+    aliases, context (``-c``), slots (``-np``) and output cap (``-n``) come from ``model`` and ``serving``
+    (`ds4deploy.engines.llamacpp`), never from here. Flags without a field go to `extra_args`, checked against the
+    pinned commit's flag registry.
+    """
+
+    n_gpu_layers: int | None = Field(default=None, ge=0,
+                                     description="-ngl: layers offloaded to the GPUs (999: all of them)")
+    split_mode: Literal["none", "layer", "row", "tensor"] | None = Field(
+        default=None, description="-sm: how the model is split across GPUs (layer: layers and KV, pipelined)")
+    tensor_split: list[float] | None = Field(default=None, description="-ts: share of the model per GPU, in order")
+    flash_attn: Literal["on", "off", "auto"] | None = Field(default=None, description="-fa: flash attention")
+    batch_size: int | None = Field(default=None, ge=1, description="-b: logical batch, tokens")
+    ubatch_size: int | None = Field(default=None, ge=1, description="-ub: physical batch, tokens")
+    cache_type_k: Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"] | None = Field(
+        default=None, description="--cache-type-k: K cache type (common/arg.cpp kv_cache_types)")
+    cache_type_v: Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"] | None = Field(
+        default=None, description="--cache-type-v: V cache type")
+    jinja: bool = Field(default=True, description="--jinja / --no-jinja: the model's own chat template (tool calls "
+                                                  "need it)")
+    threads: int | None = Field(default=None, ge=1, description="-t: CPU threads for generation")
+    threads_batch: int | None = Field(default=None, ge=1, description="-tb: CPU threads for prompt processing")
+    numa: Literal["distribute", "isolate", "numactl"] | None = Field(
+        default=None, description="--numa: NUMA placement of the CPU threads")
+    override_tensor: list[Annotated[str, Field(pattern=r"^[^=,\s]+=[A-Za-z0-9_]+$")]] = Field(
+        default_factory=list, description="-ot: <tensor name regex>=<buffer type> (CPU keeps matching weights, e.g. "
+                                          "routed experts, in system RAM)")
+    n_cpu_moe: int | None = Field(default=None, ge=0,
+                                  description="--n-cpu-moe: the first N layers' MoE weights stay on the CPU")
+    reasoning: Literal["on", "off", "auto"] | None = Field(default=None, description="-rea: reasoning (thinking)")
+    extra_args: dict[str, str | int | float | bool] = Field(
+        default_factory=dict, description="further flags, name with or without leading dashes -> value (true = bare "
+                                          "flag); each must exist at the pinned commit")
+
+
+class GgufFiles(Strict):
+    """The GGUF llama-server loads: `file` is what ``-m`` names (part 1, ``<stem>-00001-of-0000N.gguf``, when the
+    model is split), `parts` how many gguf-split files there are; the other names are derived from part 1's."""
+
+    file: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]*\.gguf$",
+                      description="-m: the GGUF file in model.path llama-server loads (part 1 of a split model, "
+                                  "<stem>-00001-of-0000N.gguf)")
+    parts: int = Field(default=1, ge=1, le=99999,
+                       description="gguf-split parts of the model (the five-digit part numbers bound it at 99,999)")
+
+
 class Engine(Strict):
     """The serving engine: name and pinned version, image, entrypoint and environment.
 
-    `flavor` names the build family the preflight rules know (stock vLLM, the CPU build, the 1Cat-vLLM fork, the
-    Lvllmds4-x fork, the GB10 community build); `capabilities` lists features only some builds have
-    (e.g. ``nvfp4_ds_mla``).
+    `family` is the serving engine the recipe runs: ``vllm`` (every flavor below but ``llamacpp``) or ``llamacpp``
+    (llama-server; its settings in `llamacpp`, `ds4deploy.engines.llamacpp`). `flavor` names the build family the
+    preflight rules know (stock vLLM, the CPU build, the 1Cat-vLLM fork, the Lvllmds4-x fork, the GB10 community
+    build, llama.cpp); `capabilities` lists features only some builds have (e.g. ``nvfp4_ds_mla``).
     """
 
     name: str = Field(description="the engine build's name, the first part of the derived image tag (e.g. vllm-cpu)")
-    flavor: Literal["vllm-cpu", "vllm", "1cat-vllm", "lvllmds4-x", "gb10-community"] = Field(
+    family: Literal["vllm", "llamacpp"] = Field(
+        default="vllm", description="the serving engine: vllm, or llamacpp (llama-server; settings in llamacpp)")
+    llamacpp: LlamaCpp | None = Field(
+        default=None, description="llama-server's settings, set exactly when family is llamacpp")
+    flavor: Literal["vllm-cpu", "vllm", "1cat-vllm", "lvllmds4-x", "gb10-community", "llamacpp"] = Field(
         default="vllm",
         description="the build family the preflight rules know: stock 'vllm', the CPU build 'vllm-cpu', the 1Cat-vLLM "
-                    "fork, the Lvllmds4-x fork, the GB10 community build",
+                    "fork, the Lvllmds4-x fork, the GB10 community build, 'llamacpp' (with family llamacpp)",
     )
     capabilities: list[str] = Field(
         default_factory=list,
@@ -249,6 +304,17 @@ class Engine(Strict):
         default_factory=list,
         description="flags this engine fork accepts that stock vLLM's parser does not",
     )
+
+    @model_validator(mode="after")
+    def _family(self) -> Engine:
+        if (self.family == "llamacpp") != (self.flavor == "llamacpp"):
+            raise ValueError("engine.family llamacpp goes with engine.flavor llamacpp (and only with it)")
+        if (self.family == "llamacpp") != (self.llamacpp is not None):
+            raise ValueError("engine.llamacpp (llama-server's settings) is set exactly when engine.family is llamacpp")
+        if self.family == "llamacpp" and not self.image.arch.startswith("llamacpp-"):
+            raise ValueError(f"engine.family llamacpp needs a llama.cpp image (engine.image.arch llamacpp-cpu or "
+                             f"llamacpp-cuda), not {self.image.arch}")
+        return self
 
 
 class GeneratorSpec(Strict):
@@ -311,6 +377,8 @@ class Model(Strict):
         default=None,
         description="shape of the generated checkpoint (source: generated)",
     )
+    gguf: GgufFiles | None = Field(default=None, description="the GGUF file(s) of a llama.cpp recipe; generated: "
+                                   "the tiny deepseek4 GGUF (`ds4deploy.model.tiny_gguf`) in this layout")
     served_name: str = Field(
         pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
         description="the model name the API answers to and reports (vLLM --served-model-name, first name)",
@@ -363,8 +431,9 @@ class Model(Strict):
 
     @model_validator(mode="after")
     def _source_fields(self) -> Model:
-        if self.source == "generated" and self.generator is None:
-            raise ValueError("model.source 'generated' needs a model.generator section")
+        if self.source == "generated" and self.generator is None and self.gguf is None:
+            raise ValueError("model.source 'generated' needs a model.generator section (or model.gguf for the tiny "
+                             "GGUF of a llama.cpp recipe)")
         if self.source == "hub" and not (self.repo_id and self.revision):
             raise ValueError("model.source 'hub' needs model.repo_id and a pinned model.revision")
         return self
@@ -947,6 +1016,13 @@ class Recipe(Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Recipe:
+        if (self.engine.family == "llamacpp") != (self.model.gguf is not None):
+            raise ValueError("model.gguf (the GGUF file llama-server loads) is set exactly when engine.family is "
+                             "llamacpp: llama.cpp serves only GGUF, vLLM recipes name their checkpoint by model.path")
+        if self.engine.family == "llamacpp" and (self.engine.image.arch == "llamacpp-cuda") != (self.hardware.gpus.count
+                                                                                              > 0):
+            raise ValueError("a llama.cpp recipe with GPUs runs the llamacpp-cuda image, one without the llamacpp-cpu "
+                             "image")
         gen = self.model.generator
         if self.model.source == "generated" and gen is not None:
             from ds4deploy.recipe.model_config import context_problem, head_dim_problem
@@ -1041,7 +1117,8 @@ class Recipe(Strict):
     def image_build_args(self) -> dict[str, str]:
         """Every build arg of the engine image: ``engine.image.build_args`` plus those derived from the engine pin
         (``engine.image.version_arg`` = engine.version without its ``git-`` prefix, ``TORCH_CUDA_ARCH_LIST`` =
-        engine.torch_cuda_arch_list), sorted by name."""
+        engine.torch_cuda_arch_list, ``CMAKE_CUDA_ARCHITECTURES`` = hardware.gpus.arch without ``sm`` for the
+        llamacpp-cuda image), sorted by name."""
         args = dict(self.engine.image.build_args)
         args.update(self._derived_build_args())
         return dict(sorted(args.items()))
@@ -1052,6 +1129,9 @@ class Recipe(Strict):
             out[self.engine.image.version_arg] = self.engine.version.removeprefix("git-")
         if self.engine.torch_cuda_arch_list:
             out["TORCH_CUDA_ARCH_LIST"] = self.engine.torch_cuda_arch_list
+        if self.engine.image.arch == "llamacpp-cuda":
+            # The one GPU arch the recipe runs (sm70 -> 70): ggml-cuda's kernels for it alone.
+            out["CMAKE_CUDA_ARCHITECTURES"] = self.hardware.gpus.arch.removeprefix("sm")
         return out
 
     @property

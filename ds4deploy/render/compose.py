@@ -36,7 +36,8 @@ from jinja2.sandbox import SandboxedEnvironment
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.net import base_url, url_host
 from ds4deploy.core.secret_scan import find_secrets
-from ds4deploy.engines.vllm import CONTAINER_MODEL_DIR, FABRIC_ENV, engine_args, engine_env, listen_host
+from ds4deploy.engines import command, engine_args, engine_env, health_test
+from ds4deploy.engines.vllm import CONTAINER_MODEL_DIR, FABRIC_ENV, listen_host
 from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Recipe
 from ds4deploy.render import front_door
@@ -183,8 +184,7 @@ def _http_health(recipe: Recipe, port: int) -> list[str]:
     # The healthcheck probes from inside the container: loopback with bridge networking (the engine listens on all
     # container interfaces), the address the engine binds with host networking (loopback behind the front door).
     probe = "127.0.0.1" if recipe.serving.network_mode == "bridge" else listen_host(recipe)
-    url = f"{base_url(probe, port)}/health"
-    return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen('{url}', timeout=5)"]
+    return health_test(recipe, f"{base_url(probe, port)}/health")
 
 
 def _with_port(args: list[str], port: int) -> list[str]:
@@ -276,7 +276,8 @@ def node_files(recipe: Recipe) -> dict[str, list[Service]]:
             services.append(Service(f"engine-{i}", [*numa, *entry, *_with_port(args, port + i)], port + i,
                                     _http_health(recipe, port + i), env, f"engine-{i - 1}" if i else None))
         return {"compose.yaml": services}
-    return {"compose.yaml": [Service("engine", [*entry, *args], port, _http_health(recipe, port), env)]}
+    return {"compose.yaml": [Service("engine", command(recipe, [*entry, *args]), port, _http_health(recipe, port),
+                                     env)]}
 
 
 def ordered_start(recipe: Recipe, nodes: dict[str, list[Service]]) -> bool:

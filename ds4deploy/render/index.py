@@ -46,6 +46,8 @@ def _model(r: Recipe) -> str:
         return f"{m.repo_id}@{m.revision}{quant}, {m.size_on_disk_gb:g} GB"
     if m.source == "local":
         return f"{m.served_name} (local files{quant}), {m.size_on_disk_gb:g} GB"
+    if m.gguf is not None:
+        return f"{m.served_name} (generated tiny deepseek4 GGUF, {m.gguf.parts} parts)"
     return f"{m.served_name} (generated tiny checkpoint)"
 
 
@@ -85,10 +87,18 @@ REHEARSED = frozenset({"gx10x2-ds4-flash-fp8", "rtx3090x2-xeon-ds4-flash", "v100
 
 def status(r: Recipe) -> str:
     """``serves here`` for recipes that need no GPU (`make test` deploys the cpu recipes on the CI machine);
-    ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``. Then, when they
+    ``rehearsed here, needs the hardware`` for those in `REHEARSED`; else ``needs the hardware``. Then, when it
     applies: ``engine not public: <why>`` (the engine's registry, `ds4deploy.engines.engine_registry`). How many
-    full-length sessions the KV cache holds is the estimator's column (`ds4deploy.plan.estimate.index_cell`)."""
+    full-length sessions the KV cache holds is the estimator's column (`ds4deploy.plan.estimate.index_cell`).
+
+    A llama.cpp recipe: its argv is built and checked here (unit tests, the flag registry of the pinned commit),
+    the real engine runs it only by hand (`make llamacpp`, tests/llamacpp) and its deploy is not wired yet; its
+    status says so."""
     from ds4deploy.engines.engine_registry import load_registry
+
+    if r.engine.family == "llamacpp":
+        hw = "needs the hardware; " if r.hardware.gpus.count else ""
+        return hw + "engine check by hand (`make llamacpp`); deploy not wired yet"
 
     if r.hardware.gpus.count == 0:
         where = "serves here"
@@ -138,6 +148,12 @@ def owner_steps(r: Recipe) -> list[str]:
         steps.append(f"lock the image artifacts ({names}): `ds4deploy image lock {name}` (`--artifact "
                      f"{arts[0].name}=<file>` when {arts[0].url.split('/')[2]} is unreachable), commit "
                      f"recipes/{name}.lock.json")
+    if r.engine.family == "llamacpp":
+        # The deploy's model staging and image build do not know the llama.cpp family yet: no make deploy to name.
+        steps.append("the deploy of llama.cpp recipes is not wired yet: the engine check (`make llamacpp`) is what "
+                     "runs; by hand, `docker compose -f compose/" + name + "/compose.yaml up -d` once the image is "
+                     "built and the GGUF parts are in " + r.model.path)
+        return steps
     steps.append(f"`make deploy RECIPE={name}{inventory}`")
     return steps
 
@@ -164,8 +180,9 @@ def index_markdown(recipes: list[Recipe] | None = None, predict: Callable[[Recip
         "KV cache holds of max_num_seqs (docs/estimator.md). *serves here*: deployed and tested on this "
         "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
         "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
-        "tests/rehearse); *needs the hardware*: the steps are what an owner of that hardware still has to do, in "
-        "order.",
+        "tests/rehearse); *engine checked here*: `make llamacpp` runs the recipe's exact llama-server argv in the real "
+        "CPU engine on a tiny GGUF of the model's architecture and file layout (tests/llamacpp); *needs the "
+        "hardware*: the steps are what an owner of that hardware still has to do, in order.",
         "",
         "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Predicted decode tok/s; "
         "sessions | Status | Steps for an owner |",

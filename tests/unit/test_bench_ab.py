@@ -114,3 +114,21 @@ def test_cli_refuses_while_another_benchmark_holds_a_server(tmp_path, monkeypatc
                            cwd=REPO, timeout=120, check=False, env={**os.environ})
     assert p.returncode == 2
     assert "another benchmark is running against http://127.0.0.1:10" in p.stderr and "test holder" in p.stderr
+
+
+def test_cross_family_reports_agreement_not_a_verdict():
+    """Across engine families the report gives identical pairs and the shared-prefix share, apart from speed."""
+    cap = load("vllm-0.32-cpu-ab-dtype.json")
+    st = analyse(cap["pairs"])
+    by_pair = {p["index"]: p for p in cap["pairs"]}
+    shares = []
+    for p in cap["pairs"]:
+        a, b = p["a"]["text"].encode(), p["b"]["text"].encode()
+        off = first_difference(p["a"]["text"], p["b"]["text"])
+        shares.append(1.0 if off is None else off / max(len(a), len(b)))
+    assert st["shared_prefix"]["median"] == pytest.approx(statistics.median(shares))
+    assert st["shared_prefix"]["max"] == 1.0  # the one identical pair
+    assert len(by_pair) == st["pairs"]
+    md = markdown({**cap, "name": "t", "ignore_eos": False, "stats": st, "cross_family": True})
+    assert "agreement across engine families" in md and "1 of 10 pairs identical" in md
+    assert "NOT identical" not in md

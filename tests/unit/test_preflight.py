@@ -118,6 +118,11 @@ COUNTEREXAMPLES = [
     ("front-door-ports", GX10, "serving.front_door.engine_port", 25000),
     ("kv-capacity", SM86, "serving.gpu_memory_utilization", 0.19),
     ("kv-capacity", "cpu", "engine.env.VLLM_CPU_KVCACHE_SPACE", "0.05"),
+    ("llamacpp-gguf", "v100x8-ds4-flash-llamacpp", "model.gguf.file",
+     "DeepSeek-V4-Flash-UD-Q4_K_XL-00002-of-00005.gguf"),
+    ("llamacpp-flags", "cpu-llamacpp", "engine.llamacpp.extra_args", {"no-mmap": True}),
+    ("llamacpp-volta-k-cache", "v100x8-ds4-flash-llamacpp", "engine.llamacpp.cache_type_k", "q8_0"),
+    ("llamacpp-volta-split", "v100x8-ds4-flash-llamacpp", "engine.llamacpp.split_mode", "tensor"),
 ]
 
 

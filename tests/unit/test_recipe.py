@@ -49,7 +49,7 @@ def test_unknown_name_lists_allowed_values(recipe_dir):
     with pytest.raises(UserError) as e:
         load_recipe("badarch")
     assert "engine.image.arch = 'sm75'" in str(e.value)
-    assert "'cpu', 'sm70', 'sm86' or 'sm121'" in str(e.value)
+    assert "'cpu', 'sm70', 'sm86', 'sm121', 'llamacpp-cpu' or 'llamacpp-cuda'" in str(e.value)
 
 
 def test_exposed_port_without_api_key_is_refused(recipe_dir):

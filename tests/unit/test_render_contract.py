@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.secret_scan import find_secrets
-from ds4deploy.engines.vllm import engine_args, engine_env
+from ds4deploy.engines import engine_args, engine_env
 from ds4deploy.plan.inventory import read_inventory
 from ds4deploy.recipe.load import all_recipes, load_recipe
 from ds4deploy.render import compose as render

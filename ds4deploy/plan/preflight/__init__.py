@@ -14,7 +14,7 @@ Host facts come from an Ansible inventory (``--inventory``), per host::
 Units: GB = 10**9 bytes, GiB = 2**30 bytes; every memory number is printed in both where both appear.
 
 One module per rule family (as ansible-lint keeps one rule per file): `memory`, `capacity`, `speculative`,
-`architecture`, `fabric`, `model`, `field_reports`, `serving`, `engine` (what the pinned engine registers);
+`architecture`, `fabric`, `model`, `field_reports`, `serving`, `engine` (what the pinned engine registers), `llamacpp`;
 `rulebook` holds the machinery (`Rule`, `Verdict`, `run`).
 """
 
@@ -29,6 +29,7 @@ from ds4deploy.plan.preflight import (  # noqa: F401, I001
     field_reports,
     serving,
     engine,
+    llamacpp,
 )
 from ds4deploy.plan.preflight.rulebook import RULES, Report, Rule, Verdict, run
 

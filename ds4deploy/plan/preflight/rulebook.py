@@ -55,10 +55,30 @@ def _gib(gb: float) -> float:
     return gb * GIB_PER_GB
 
 
+# Rules that hold whichever engine family serves (the host, the fabric, pins, the serving surface); every other rule
+# is about vLLM (its parallel world size, memory fraction, CUDA graphs, torch arch list, forks) and does not apply to
+# a llama.cpp recipe, whose own rules carry the ``llamacpp-`` prefix.
+FAMILY_NEUTRAL = frozenset({
+    "v100-cuda12", "cuda-one-toolkit", "rails-distinct-subnets", "rails-mtu-recipe", "rails-mtu-hosts",
+    "rails-addresses", "nccl-ib-hca-twins", "kernel-known-bad", "model-pin", "image-pins", "bench-max-tokens",
+    "rdma-memlock", "multinode-socket-ifname", "output-cap", "front-door-ports",
+})
+
+
+def applies_to_family(rule_id: str, recipe: Recipe) -> bool:
+    """Whether rule `rule_id` speaks about `recipe`'s engine family (`FAMILY_NEUTRAL`)."""
+    if recipe.engine.family == "vllm":
+        return not rule_id.startswith("llamacpp-")
+    return rule_id in FAMILY_NEUTRAL or rule_id.startswith("llamacpp-")
+
+
 def run(recipe: Recipe, hosts: dict[str, dict] | None = None) -> list[Verdict]:
     """Every rule against `recipe` (and host facts when given), in rule-book order."""
     out = []
     for r in RULES:
+        if not applies_to_family(r.id, recipe):
+            out.append(Verdict(r.id, "skip", f"not a rule of the {recipe.engine.family} family", "", r.source))
+            continue
         if not r.applies(recipe):
             out.append(Verdict(r.id, "skip", "does not apply", "", r.source))
             continue

@@ -1,0 +1,193 @@
+"""The llama.cpp family: llama-server's command line, environment, health and progress, derived from a recipe.
+
+A recipe of this family says ``engine.family: llamacpp`` and carries an ``engine.llamacpp`` section
+(`ds4deploy.recipe.schema.LlamaCpp`: each field is one llama-server flag, named in its description) and a
+``model.gguf`` section (the file llama-server is pointed at, and how many gguf-split parts it has). Everything else
+comes from the sections every recipe has, written once:
+
+| llama-server flag | from |
+|---|---|
+| ``-m /model/<model.gguf.file>`` | the model directory is mounted at ``/model`` (read-only); part 1 of a split model |
+| ``--host`` / ``--port`` | `listen_host` and ``Recipe.engine_port`` (loopback behind the front door) |
+| ``-a`` | ``model.served_name`` and ``model.aliases``, comma-separated (`common/arg.cpp` ``--alias``) |
+| ``-np`` | ``serving.max_num_seqs``: parallel slots |
+| ``-c`` | ``serving.max_model_len x serving.max_num_seqs``: llama-server divides ``-c`` among the slots (its log: |
+| | ``n_ctx_slot``), so every request keeps ``max_model_len`` |
+| ``-n`` | ``serving.default_max_tokens``: tokens a request without max_tokens generates at most (``--n-predict``) |
+| ``--metrics``, ``--slots`` | always: the supervisor's progress probe and the bench read them |
+| API key | never on the command line: ``LLAMA_API_KEY`` in the environment (`common/arg.cpp` ``--api-key``) |
+
+Every flag is checked against the registry of the pinned source (`llamacpp_flags.json`, written by
+``python -m tools.llamacpp_flags`` from its `common/arg.cpp`): a flag that commit does not know is refused before
+anything is rendered (`unknown_flags`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from functools import cache
+from pathlib import Path
+
+from ds4deploy.core.errors import UserError
+from ds4deploy.recipe.schema import Recipe
+
+CONTAINER_MODEL_DIR = "/model"
+SERVER_BINARY = "llama-server"
+FLAGS_FILE = Path(__file__).with_name("llamacpp_flags.json")
+# llama-server's health route: 200 {"status": "ok"} once the model is loaded, 503 while loading
+# (tools/server/README.md "GET /health").
+HEALTH_PATH = "/health"
+# Prometheus counters llama-server exports with --metrics (tools/server/server-context.cpp, "llamacpp:" prefix).
+PROMPT_TOKENS_TOTAL = "llamacpp:prompt_tokens_total"
+PREDICTED_TOKENS_TOTAL = "llamacpp:tokens_predicted_total"
+# gguf-split part names (tools/gguf-split, llama_split_path): <prefix>-00001-of-00005.gguf.
+SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+
+
+@cache
+def known_flags() -> dict[str, dict]:
+    """``{flag: {"value": bool, "negation": bool}}``: every flag llama-server accepts at the pinned commit."""
+    return json.loads(FLAGS_FILE.read_text(encoding="utf-8"))["flags"]
+
+
+def flags_source() -> str:
+    """Where the registry was read from (the sdist and commit)."""
+    return json.loads(FLAGS_FILE.read_text(encoding="utf-8"))["source"]
+
+
+def gguf_parts(file: str, parts: int) -> list[str]:
+    """Every file of a GGUF model, part 1 first: ``[file]`` for one file, else the gguf-split names
+    ``<stem>-0000k-of-0000N.gguf`` derived from part 1's name.
+
+    Raises:
+        UserError: `file` is not a ``.gguf`` name, or a split model's part 1 is not named ``-00001-of-<parts>``.
+    """
+    if not file.endswith(".gguf"):
+        raise UserError(f"model.gguf.file {file!r} is not a GGUF file (.gguf): llama-server loads only GGUF",
+                        "convert the checkpoint to GGUF (llama.cpp convert_hf_to_gguf.py) or pick a vLLM recipe")
+    if parts == 1:
+        return [file]
+    m = SPLIT_RE.match(file)
+    if not m or int(m["no"]) != 1 or int(m["count"]) != parts:
+        raise UserError(f"model.gguf.file {file!r} is not part 1 of {parts} gguf-split parts",
+                        f"name part 1, <stem>-00001-of-{parts:05d}.gguf: llama-server is pointed at it and opens "
+                        "the others by name")
+    return [f"{m['stem']}-{i:05d}-of-{parts:05d}.gguf" for i in range(1, parts + 1)]
+
+
+def listen_host(recipe: Recipe) -> str:
+    """Address llama-server binds: all interfaces of its own container with bridge networking, loopback behind the
+    front door with host networking, else the recipe's bind address (as `ds4deploy.engines.vllm.listen_host`)."""
+    if recipe.serving.network_mode == "bridge":
+        return "0.0.0.0"  # noqa: S104
+    return "127.0.0.1" if recipe.serving.front_door is not None else recipe.serving.bind_address
+
+
+def context_tokens(recipe: Recipe) -> int:
+    """``-c``: the whole KV context, tokens = ``max_model_len x max_num_seqs`` (module docstring)."""
+    return recipe.serving.max_model_len * recipe.serving.max_num_seqs
+
+
+def _bare(v: object) -> bool:
+    return v is True
+
+
+def server_args(recipe: Recipe) -> list[str]:
+    """llama-server's arguments (after the binary) for `recipe`, in a stable order.
+
+    Returns:
+        e.g. ``["-m", "/model/ds4-tiny-deepseek4-00001-of-00002.gguf", "--host", "127.0.0.1", "--port", "8001", ...]``.
+    Raises:
+        UserError: the recipe is not of the llama.cpp family, or a flag is unknown to the pinned commit.
+    """
+    lc, gg = recipe.engine.llamacpp, recipe.model.gguf
+    if recipe.engine.family != "llamacpp" or lc is None or gg is None:
+        raise UserError(f"recipe '{recipe.name}' is not a llama.cpp recipe (engine.family: {recipe.engine.family})",
+                        "set engine.family: llamacpp with engine.llamacpp and model.gguf sections")
+    s, m = recipe.serving, recipe.model
+    args = ["-m", f"{CONTAINER_MODEL_DIR}/{gguf_parts(gg.file, gg.parts)[0]}",
+            "--host", listen_host(recipe), "--port", str(recipe.engine_port),
+            "-a", ",".join([m.served_name, *m.aliases]),
+            "-c", str(context_tokens(recipe)), "-np", str(s.max_num_seqs)]
+    if s.default_max_tokens is not None:
+        args += ["-n", str(s.default_max_tokens)]
+    pairs: list[tuple[str, object]] = [
+        ("-ngl", lc.n_gpu_layers), ("-sm", lc.split_mode),
+        ("-ts", ",".join(f"{x:g}" for x in lc.tensor_split) if lc.tensor_split else None),
+        ("-fa", lc.flash_attn), ("-b", lc.batch_size), ("-ub", lc.ubatch_size),
+        ("--cache-type-k", lc.cache_type_k), ("--cache-type-v", lc.cache_type_v),
+        ("-t", lc.threads), ("-tb", lc.threads_batch), ("--numa", lc.numa),
+        ("-ot", ",".join(lc.override_tensor) if lc.override_tensor else None),
+        ("--n-cpu-moe", lc.n_cpu_moe), ("-rea", lc.reasoning),
+    ]
+    for flag, value in pairs:
+        if value is not None:
+            args += [flag, str(value)]
+    args.append("--jinja" if lc.jinja else "--no-jinja")
+    args += ["--metrics", "--slots"]
+    for name, value in lc.extra_args.items():
+        flag = name if name.startswith("-") else f"--{name}"
+        if value is False:
+            continue
+        args += [flag] if _bare(value) else [flag, str(value)]
+    bad = unknown_flags(args)
+    if bad:
+        raise UserError(
+            f"recipe '{recipe.name}': llama-server at the pinned commit has no flag {', '.join(bad)} "
+            f"(registry: {flags_source()})",
+            "check the spelling against `llama-server --help` of the recipe's image, or remove it from "
+            "engine.llamacpp.extra_args")
+    return args
+
+
+def unknown_flags(args: list[str]) -> list[str]:
+    """The flags in `args` (tokens starting with ``-``, values skipped) the pinned llama-server does not accept."""
+    flags = known_flags()
+    out, skip = [], False
+    for tok in args:
+        if skip:
+            skip = False
+            continue
+        if tok.startswith("-") and not re.fullmatch(r"-?\d+(\.\d+)?", tok):
+            name = tok.split("=", 1)[0]
+            if name not in flags:
+                out.append(name)
+            else:
+                skip = flags[name]["value"] and "=" not in tok
+    return out
+
+
+def server_env(recipe: Recipe) -> dict[str, str]:
+    """The container's environment: ``engine.env`` (the key comes from the key file as ``LLAMA_API_KEY``, never
+    here)."""
+    return dict(sorted(recipe.engine.env.items()))
+
+
+def progress(metrics_text: str) -> dict[str, float]:
+    """The prompt and generated token counters from llama-server's ``/metrics`` (Prometheus text).
+
+    Returns:
+        ``{"prompt_tokens_total": float, "generation_tokens_total": float}`` (keys missing when not exported).
+    """
+    out = {}
+    for line in metrics_text.splitlines():
+        name, _, value = line.partition(" ")
+        if name == PROMPT_TOKENS_TOTAL:
+            out["prompt_tokens_total"] = float(value)
+        elif name == PREDICTED_TOKENS_TOTAL:
+            out["generation_tokens_total"] = float(value)
+    return out
+
+
+def busy_slots(slots: list[dict]) -> int:
+    """Slots processing a request, from ``GET /slots`` (each slot's ``is_processing``)."""
+    return sum(1 for s in slots if s.get("is_processing"))
+
+
+def timings(body: dict) -> dict[str, float | None]:
+    """llama-server's own per-request timings from a non-streamed response's ``timings`` object: prompt tokens
+    evaluated (``prompt_n``, cached tokens excluded), prefill tok/s, generated tokens, decode tok/s."""
+    t = body.get("timings") or {}
+    return {"prompt_n": t.get("prompt_n"), "prefill_tok_s": t.get("prompt_per_second"),
+            "predicted_n": t.get("predicted_n"), "decode_tok_s": t.get("predicted_per_second")}

@@ -1,0 +1,169 @@
+"""The llama.cpp family without Docker: argv, flag registry, schema refusals, preflight rules, GGUF parts."""
+
+from __future__ import annotations
+
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from ds4deploy.core.errors import UserError
+from ds4deploy.engines.llamacpp import gguf_parts, known_flags, server_args, unknown_flags
+from ds4deploy.plan.preflight import run
+from ds4deploy.plan.preflight.llamacpp import gguf_parts_problem
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.schema import Recipe
+
+V100 = "v100x8-ds4-flash-llamacpp"
+
+
+def _with(name: str, **changes) -> Recipe:
+    """Recipe `name` with dotted-path changes, validated again (as a variant would be)."""
+    data = load_recipe(name).model_dump()
+    for dotted, value in changes.items():
+        node = data
+        keys = dotted.split(".")
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return Recipe.model_validate(data)
+
+
+def _verdict(recipe: Recipe, rule_id: str):
+    return next(v for v in run(recipe) if v.rule == rule_id)
+
+
+def test_v100_argv_is_the_owners_command_line():
+    args = server_args(load_recipe(V100))
+    line = " ".join(args)
+    assert "-m /model/DeepSeek-V4-Flash-UD-Q4_K_XL-00001-of-00005.gguf" in line
+    assert ("-ngl 999 -sm layer -fa on -b 2048 -ub 1024 --cache-type-k f16 --cache-type-v f16 --jinja") in line
+    assert "-c 65536 -np 1" in line and "--api-key" not in line
+
+
+def test_context_is_per_slot_times_slots():
+    r = load_recipe("cpu-llamacpp")
+    args = server_args(r)
+    assert args[args.index("-c") + 1] == str(r.serving.max_model_len * r.serving.max_num_seqs)
+
+
+def test_registry_knows_server_flags_and_not_removed_ones():
+    flags = known_flags()
+    assert flags["-ngl"]["value"] and flags["--jinja"] == {"value": False, "negation": False}
+    assert flags["--no-jinja"]["negation"]
+    # gone at the pinned commit (--load-mode replaced them): the registry must not invent them
+    assert "--mlock" not in flags and "--no-mmap" not in flags
+
+
+def test_unknown_flag_is_refused_with_cause_and_fix():
+    r = _with("cpu-llamacpp", **{"engine.llamacpp.extra_args": {"no-mmap": True}})
+    with pytest.raises(UserError, match="no flag --no-mmap"):
+        server_args(r)
+    assert _verdict(r, "llamacpp-flags").status == "fail"
+    assert unknown_flags(["-ngl", "999", "--frobnicate", "-c", "-1"]) == ["--frobnicate"]
+
+
+def test_quantized_k_cache_on_volta_refused():
+    assert _verdict(load_recipe(V100), "llamacpp-volta-k-cache").status == "pass"
+    bad = _with(V100, **{"engine.llamacpp.cache_type_k": "q8_0"})
+    v = _verdict(bad, "llamacpp-volta-k-cache")
+    assert v.status == "fail" and "f16" in v.remediation
+
+
+def test_tensor_split_on_volta_refused():
+    for change in ({"engine.llamacpp.split_mode": "tensor"}, {"engine.llamacpp.split_mode": "row"}):
+        assert _verdict(_with(V100, **change), "llamacpp-volta-split").status == "fail"
+
+
+def test_model_that_is_not_gguf_refused():
+    with pytest.raises(ValueError, match="gguf"):
+        _with(V100, **{"model.gguf.file": "model.safetensors"})
+    with pytest.raises(ValueError, match=r"model\.gguf"):
+        _with(V100, **{"model.gguf": None})
+
+
+def test_split_part_one_must_match_the_part_count():
+    assert gguf_parts("m-00001-of-00003.gguf", 3) == ["m-00001-of-00003.gguf", "m-00002-of-00003.gguf",
+                                                      "m-00003-of-00003.gguf"]
+    with pytest.raises(UserError, match="not part 1 of 5"):
+        gguf_parts("m-00001-of-00003.gguf", 5)
+    bad = _with(V100, **{"model.gguf.file": "DeepSeek-V4-Flash-UD-Q4_K_XL-00002-of-00005.gguf"})
+    assert _verdict(bad, "llamacpp-gguf").status == "fail"
+
+
+def test_vllm_rules_do_not_judge_llamacpp_recipes():
+    verdicts = {v.rule: v for v in run(load_recipe(V100))}
+    assert verdicts["parallel-shape"].status == "skip" and verdicts["v100-fp16"].status == "skip"
+    assert not [v for v in verdicts.values() if v.status == "fail"]
+
+
+def test_cuda_arch_derived_for_the_cuda_image():
+    assert load_recipe(V100).image_build_args["CMAKE_CUDA_ARCHITECTURES"] == "70"
+    assert "CMAKE_CUDA_ARCHITECTURES" not in load_recipe("cpu-llamacpp").image_build_args
+
+
+@pytest.fixture(scope="module")
+def five_parts(tmp_path_factory) -> Path:
+    """The V100 recipe's layout as tiny GGUF parts (a stand-in template: the parts check reads headers only)."""
+    from ds4deploy.model.tiny_gguf import TinyGgufSpec, generate
+
+    d = tmp_path_factory.mktemp("five")
+    generate(d, TinyGgufSpec(parts=5, stem="DeepSeek-V4-Flash-UD-Q4_K_XL"), "{{ messages }}")
+    return d
+
+
+def test_gguf_parts_present_and_ordered(five_parts, tmp_path):
+    r = load_recipe(V100)
+    assert gguf_parts_problem(r, five_parts) is None
+    shutil.copytree(five_parts, tmp_path / "m")
+    (tmp_path / "m" / "DeepSeek-V4-Flash-UD-Q4_K_XL-00004-of-00005.gguf").unlink()
+    problem = gguf_parts_problem(r, tmp_path / "m")
+    assert "lacks GGUF part(s) DeepSeek-V4-Flash-UD-Q4_K_XL-00004-of-00005.gguf" in problem
+    shutil.rmtree(tmp_path / "m")
+    shutil.copytree(five_parts, tmp_path / "m")
+    a, b = (tmp_path / "m" / f"DeepSeek-V4-Flash-UD-Q4_K_XL-0000{k}-of-00005.gguf" for k in (2, 3))
+    a.rename(tmp_path / "x")
+    b.rename(a)
+    (tmp_path / "x").rename(b)
+    assert "out of order" in gguf_parts_problem(r, tmp_path / "m")
+
+
+def test_tiny_gguf_is_deterministic_and_deepseek4(five_parts, tmp_path):
+    from gguf import GGUFReader
+
+    from ds4deploy.model.tiny_gguf import TinyGgufSpec, generate
+
+    assert generate(five_parts, TinyGgufSpec(parts=5, stem="DeepSeek-V4-Flash-UD-Q4_K_XL"), "{{ messages }}") == []
+    first = GGUFReader(five_parts / "DeepSeek-V4-Flash-UD-Q4_K_XL-00001-of-00005.gguf")
+    arch = first.fields["general.architecture"]
+    assert bytes(arch.parts[arch.data[0]]).decode() == "deepseek4"
+
+
+def test_chat_template_comes_from_the_sdist(tmp_path):
+    from ds4deploy.model.tiny_gguf import TEMPLATE_MEMBER, chat_template_from
+
+    sdist = tmp_path / "llama_cpp_python-0.0.0.tar.gz"
+    src = tmp_path / "llama_cpp_python-0.0.0" / TEMPLATE_MEMBER
+    src.parent.mkdir(parents=True)
+    src.write_text("{%- set dsml_token = 'x' -%}")
+    with tarfile.open(sdist, "w:gz") as tar:
+        tar.add(tmp_path / "llama_cpp_python-0.0.0", arcname="llama_cpp_python-0.0.0")
+    assert "dsml_token" in chat_template_from(sdist)
+    with pytest.raises(UserError, match="no DeepSeek V4 chat template"):
+        chat_template_from(tmp_path / "missing.tar.gz")
+
+
+def test_key_shim_hands_the_key_file_variable_to_llama_server():
+    """The container command's shell copies VLLM_API_KEY (the key file's variable) into LLAMA_API_KEY (what
+    llama-server reads) and execs the program: run for real with `env` in llama-server's place."""
+    import subprocess
+
+    from ds4deploy.engines import LLAMACPP_KEY_SHIM, command
+
+    out = subprocess.run([*LLAMACPP_KEY_SHIM, "env"], env={"VLLM_API_KEY": "k$1 'x'", "PATH": "/usr/bin:/bin"},
+                         capture_output=True, text=True, check=True).stdout
+    assert "LLAMA_API_KEY=k$1 'x'" in out.splitlines()
+    r = load_recipe("cpu-llamacpp")
+    cmd = command(r, ["llama-server", *server_args(r)])
+    assert cmd[:len(LLAMACPP_KEY_SHIM)] == LLAMACPP_KEY_SHIM and "--api-key" not in cmd
