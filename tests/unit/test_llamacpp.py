@@ -167,3 +167,15 @@ def test_key_shim_hands_the_key_file_variable_to_llama_server():
     r = load_recipe("cpu-llamacpp")
     cmd = command(r, ["llama-server", *server_args(r)])
     assert cmd[:len(LLAMACPP_KEY_SHIM)] == LLAMACPP_KEY_SHIM and "--api-key" not in cmd
+
+
+def test_the_deploy_of_a_llamacpp_recipe_is_refused_before_any_node_is_read(tmp_path):
+    """The roles stage and build for the vLLM family only: `ds4deploy vars --scope deploy` (what `make deploy` runs
+    first) refuses a llama.cpp recipe with the cause and the by-hand way, and writes no variables file."""
+    from tests.unit.conftest import run_cli
+
+    p = run_cli("vars", "cpu-llamacpp", "--inventory", "ansible/inventories/local.yml", "--scope", "deploy")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "the deploy of llamacpp recipes is not wired yet" in p.stderr and "Traceback" not in p.stderr
+    assert "docker compose -f compose/cpu-llamacpp/compose.yaml up -d" in p.stderr
+    assert p.stdout.strip() == ""
