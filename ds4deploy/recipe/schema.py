@@ -595,6 +595,13 @@ class Serving(Strict):
         default=None,
         description="the recipe serves a coding agent: what one of its requests needs (rule coding-agent-fit)",
     )
+    progress_bound_s: int = Field(
+        default=600, ge=30,
+        description="seconds a busy engine (requests running or queued) may go without any progress counter moving "
+                    "before the supervisor restarts it. Default 600 s: 2.7x the longest silent stretch measured on "
+                    "the reference systems, a 223.6 s TTFT of four concurrent 131K-token prompts on the GX10 pair "
+                    "(118.7 s for one 256K-token prompt on the V100 system; docs/sources.md#supervisor-progress). "
+                    "Raise it for longer prompts on slower hardware.")
     extra_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="further engine flags, name without leading dashes -> value (true = bare flag)",
