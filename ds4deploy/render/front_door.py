@@ -35,13 +35,25 @@ ANTHROPIC_PREFIXES = ("/v1/messages",)
 # (authentication_error 401, request_too_large 413, api_error for 502 and 504). Only errors nginx itself produces
 # are rewritten; the engine's own error responses pass through unchanged.
 ERRORS: dict[int, tuple[str, str, str, str]] = {
+    400: ("invalid_request_error", "bad_request", "invalid_request_error",
+          "malformed request: the front door refused its request line or headers (a duplicate Authorization or "
+          "Host header, an invalid Host)"),
     401: ("invalid_request_error", "invalid_api_key", "authentication_error",
           "missing or invalid API key: send it as Authorization: Bearer <key> or as x-api-key: <key>"),
     413: ("invalid_request_error", "request_too_large", "request_too_large",
           "request body larger than this server accepts"),
     502: ("server_error", "engine_unavailable", "api_error", "the engine behind the front door is not answering"),
     504: ("server_error", "engine_timeout", "api_error", "the engine did not answer in time"),
+    # nginx's own code for request headers larger than large_client_header_buffers (8 KiB per line, 32 KiB in all
+    # by default; https://nginx.org/en/docs/http/ngx_http_core_module.html#large_client_header_buffers); the client
+    # is answered 400, as nginx does.
+    494: ("invalid_request_error", "request_header_too_large", "invalid_request_error",
+          "request headers larger than this server accepts (8 KiB per header line)"),
 }
+# What the client sees for an nginx-internal status (494 is answered as 400); every other status as itself.
+CLIENT_STATUS = {494: 400}
+# Errors nginx raises while it reads a request, before any route is chosen: handled at the server level.
+REQUEST_ERRORS = (400, 494)
 
 
 def error_body(status: int, api: str) -> str:
@@ -96,7 +108,9 @@ def context(recipe: Recipe) -> dict:
         "anthropic_prefixes": ANTHROPIC_PREFIXES,
         "max_body_mib": recipe.max_body_mib,
         "read_timeout_s": fd.read_timeout_s,
-        "errors": {s: {"openai": error_body(s, "openai"), "anthropic": error_body(s, "anthropic")} for s in ERRORS},
+        "errors": {s: {"openai": error_body(s, "openai"), "anthropic": error_body(s, "anthropic"),
+                       "status": CLIENT_STATUS.get(s, s)} for s in ERRORS},
+        "request_errors": REQUEST_ERRORS,
         "template_file": TEMPLATE_FILE,
         "container_template": CONTAINER_TEMPLATE,
         "probe": f"{health_probe(recipe)}/{recipe.serving.port}",

@@ -161,7 +161,8 @@ def test_no_key_is_401_in_the_shape_of_the_routes_api(proxy):
 
 @needs_nginx
 @pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY},
-                                     {"Authorization": f"bearer {KEY}"}])
+                                     {"Authorization": f"bearer {KEY}"}, {"Authorization": f"BEARER {KEY}"},
+                                     {"Authorization": f"bEaReR {KEY}"}])
 def test_either_key_header_passes_and_the_engine_gets_bearer_only(proxy, headers):
     url, _ = proxy
     for path in ("/invocations", "/v1/messages"):
@@ -169,6 +170,80 @@ def test_either_key_header_passes_and_the_engine_gets_bearer_only(proxy, headers
         assert r.status_code == 200, path
         assert r.json()["authorization"] == f"Bearer {KEY}"
         assert r.json()["x_api_key"] is None
+
+
+@needs_nginx
+def test_a_refused_key_tells_clients_not_to_retry(proxy):
+    """Claude Code and the Anthropic/OpenAI SDKs retry a 401 unless the answer says x-should-retry: false."""
+    url, _ = proxy
+    for path in ("/v1/messages", "/v1/chat/completions", "/metrics"):
+        r = httpx.post(f"{url}{path}", json={}, headers={"x-api-key": "wrong"})
+        assert (r.status_code, r.headers.get("x-should-retry")) == (401, "false"), path
+
+
+def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as is on one connection; (status, headers lower-cased, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, v in (x.split(":", 1) for x in lines[1:] if ":" in x))
+    return int(lines[0].split()[1]), headers, body
+
+
+@needs_nginx
+@pytest.mark.parametrize(("name", "extra"), [
+    ("duplicate Authorization", f"Authorization: Bearer {KEY}\r\nAuthorization: Bearer {KEY}\r\n"),
+    ("bad Host", "Host: bad/host\r\n"),
+    ("oversized header", "X-Big: " + "a" * 9000 + "\r\n"),
+])
+def test_nginxs_own_400s_are_json_in_the_api_shape(proxy, name, extra):
+    url, _ = proxy
+    host = "" if name == "bad Host" else "Host: localhost\r\n"
+    status, headers, body = _raw(url, f"GET /v1/models HTTP/1.1\r\n{host}{extra}Connection: close\r\n\r\n".encode())
+    assert status == 400, name
+    assert headers["content-type"] == "application/json", (name, body[:200])
+    err = json.loads(body)["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] in ("bad_request", "request_header_too_large")
+
+
+@needs_nginx
+@pytest.mark.parametrize("key_env", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"])
+def test_claude_code_with_a_wrong_key_says_so_at_once(proxy, tmp_path, key_env):
+    """The real Claude Code CLI (pinned in tests/support/real_clients.py) against the front door with a wrong key:
+    it prints "Invalid API key" and exits non-zero within 10 s, instead of retrying the 401 for minutes. Runs when
+    the CLI is installed (the infra tier installs it with npm; the unit tier needs no network)."""
+    from tests.support import real_clients
+
+    exe = real_clients.CLAUDE_DIR / "node_modules" / ".bin" / "claude"
+    if not exe.exists():
+        pytest.skip(f"the Claude Code CLI is not installed in {real_clients.CLAUDE_DIR} (the infra tier installs it)")
+    url, _ = proxy
+    t0 = time.monotonic()
+    try:
+        p = real_clients.run_claude(url, "ds4-wrong-key", "ds4-tiny", tmp_path / "home", timeout_s=60,
+                                    key_env=key_env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("Claude Code was still retrying the 401 after 60 s")
+    took = time.monotonic() - t0
+    assert p.returncode != 0
+    # x-api-key refused: "Invalid API key"; a bearer token (ANTHROPIC_AUTH_TOKEN) refused: Claude Code 2.1 takes it
+    # for an expired login and says "Not logged in".
+    said = "Invalid API key" if key_env == "ANTHROPIC_API_KEY" else "Not logged in"
+    assert said in p.stdout + p.stderr, (p.stdout[-500:], p.stderr[-500:])
+    assert took < 10, f"Claude Code took {took:.1f} s to report the wrong key"
+
+
+@needs_nginx
+def test_head_on_health_is_200_without_a_body(proxy):
+    url, _ = proxy
+    r = httpx.head(f"{url}/health")
+    assert r.status_code == 200 and r.content == b""
+    assert httpx.head(f"{url}/v1/models").status_code == 401  # HEAD elsewhere still needs the key
 
 
 @needs_nginx
@@ -215,6 +290,50 @@ def test_streams_are_not_buffered(proxy):
                 arrivals.append(time.monotonic() - t0)
     assert arrivals and arrivals[0] < 0.4, arrivals
     assert arrivals[-1] > 0.9
+
+
+@needs_nginx
+def test_a_stream_arrives_live_through_an_outer_default_nginx(proxy, tmp_path):
+    """Users put their own nginx in front, with its defaults (proxy_buffering on): the front door's
+    X-Accel-Buffering: no on a streamed answer keeps that proxy from holding the events until the end."""
+    url, _ = proxy
+    port = _free_port()
+    for d in ("client_body", "proxy"):
+        (tmp_path / d).mkdir()
+    conf = tmp_path / "outer.conf"
+    conf.write_text(
+        f"worker_processes 1;\npid {tmp_path}/outer.pid;\nevents {{}}\nhttp {{\n"
+        f"    client_body_temp_path {tmp_path}/client_body;\n    proxy_temp_path {tmp_path}/proxy;\n"
+        f"    access_log off;\n    server {{\n        listen 127.0.0.1:{port};\n"
+        f"        location / {{ proxy_pass {url}; }}\n    }}\n}}\n")
+    outer = subprocess.Popen([NGINX, "-e", f"{tmp_path}/outer-error.log", "-c", str(conf), "-g", "daemon off;"])
+    try:
+        for _ in range(50):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        t0 = time.monotonic()
+        arrivals = []
+        with httpx.stream("GET", f"http://127.0.0.1:{port}/stream", headers={"x-api-key": KEY}, timeout=10) as r:
+            assert r.headers.get("x-accel-buffering") is None  # the outer proxy consumed it, as it should
+            for chunk in r.iter_raw():
+                if chunk.strip():
+                    arrivals.append(time.monotonic() - t0)
+    finally:
+        outer.terminate()
+        outer.wait(timeout=10)
+    assert arrivals and arrivals[0] < 0.4, arrivals
+    assert arrivals[-1] > 0.9
+
+
+@needs_nginx
+def test_only_streams_carry_x_accel_buffering(proxy):
+    url, _ = proxy
+    with httpx.stream("GET", f"{url}/stream", headers={"x-api-key": KEY}, timeout=10) as r:
+        assert r.headers["x-accel-buffering"] == "no"
+    assert "x-accel-buffering" not in httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}).headers
 
 
 @needs_nginx
