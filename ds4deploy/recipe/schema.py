@@ -1106,6 +1106,12 @@ class Recipe(Strict):
         """Where the API key lives on each node: serving.auth.key_file, or /etc/ds4deploy/secrets/<name>.env."""
         return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.base_name}.env"
 
+    @property
+    def metrics_key_file(self) -> str:
+        """Where the metrics credential lives on the head (``DS4_METRICS_KEY=...``, mode 0600), beside the API key:
+        ``<key_file without .env>.metrics.env``. It reaches /metrics through the front door and nothing else."""
+        return self.key_file.removesuffix(".env") + ".metrics.env"
+
 
 def whole_number(value: Any) -> int | None:
     """An engine argument's value as the engine's argparse reads it into an int: an int, or a string of digits

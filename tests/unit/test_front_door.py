@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from ds4deploy.recipe.load import all_recipes, load_recipe
 from ds4deploy.render import compose as render
@@ -26,6 +27,7 @@ from ds4deploy.render import front_door
 from tests.unit.conftest import REPO
 
 KEY = "ds4-TestKey0123456789abcdefABCDEF"
+METRICS_KEY = "ds4m-MetricsKey0123456789abcdefABC"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 needs_nginx = pytest.mark.skipif(not Path(NGINX).is_file(), reason="nginx not installed (make unit installs it)")
 
@@ -38,7 +40,8 @@ def _free_port() -> int:
 
 def keyed(conf: str, listen: str, upstream: str, tmp: Path) -> str:
     """The rendered template as the entrypoint makes it (the key substituted), moved to local test ports."""
-    out = conf.replace("${VLLM_API_KEY}", KEY).replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
+    out = conf.replace("${VLLM_API_KEY}", KEY).replace("${DS4_METRICS_KEY}", METRICS_KEY)
+    out = out.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
     out = out.replace("access_log /dev/stdout ds4 ", f"access_log {tmp}/access.log ds4 ")
     out = out.replace("error_log stderr warn;", f"error_log {tmp}/error.log warn;")
     for d in ("client_body", "proxy"):
@@ -373,8 +376,9 @@ def test_error_bodies_are_json_and_safe_inside_an_nginx_string(status):
         assert not set("'$\\") & set(body)
 
 
-def _entrypoint(tmp_path: Path, key: str | None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+def _entrypoint(tmp_path: Path, key: str | None, metrics_key: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "DS4_METRICS_KEY")}
+    env["DS4_METRICS_KEY"] = metrics_key if metrics_key is not None else METRICS_KEY
     env["FRONT_DOOR_TEMPLATE"] = str(REPO / "compose" / "cpu" / front_door.TEMPLATE_FILE)
     if key is not None:
         env["VLLM_API_KEY"] = key
@@ -389,3 +393,50 @@ def test_the_entrypoint_refuses_a_missing_or_unsafe_key(tmp_path, key, needle):
     p = _entrypoint(tmp_path, key)
     assert p.returncode == 2
     assert needle in p.stderr and "fix:" in p.stderr
+
+
+@pytest.mark.parametrize(("metrics_key", "needle"), [("", "DS4_METRICS_KEY is empty or unset"),
+                                                     ("ds4m-x;y", "DS4_METRICS_KEY holds characters"),
+                                                     (KEY, "DS4_METRICS_KEY is the API key")])
+def test_the_entrypoint_refuses_a_missing_unsafe_or_shared_metrics_key(tmp_path, metrics_key, needle):
+    p = _entrypoint(tmp_path, KEY, metrics_key)
+    assert p.returncode == 2
+    assert needle in p.stderr and "fix:" in p.stderr
+
+
+@needs_nginx
+def test_the_metrics_key_reaches_metrics_and_nothing_else(proxy):
+    """Prometheus's credential (its own key file) is a bearer token for /metrics alone; the engine still gets the
+    API key (vLLM's /metrics checks none, but the proxy presents one form everywhere)."""
+    url, _ = proxy
+    bearer = {"Authorization": f"Bearer {METRICS_KEY}"}
+    r = httpx.get(f"{url}/metrics", headers=bearer)
+    assert r.status_code == 200 and r.json()["path"] == "/metrics"
+    assert r.json()["authorization"] == f"Bearer {KEY}"
+    assert httpx.get(f"{url}/metrics", headers={"x-api-key": KEY}).status_code == 200
+    for path in ("/v1/models", "/v1/messages", "/metrics/", "/metrics/../v1/models", "/tokenize", "/invocations"):
+        assert httpx.get(f"{url}{path}", headers=bearer).status_code == 401, path
+    assert httpx.get(f"{url}/metrics", headers={"x-api-key": METRICS_KEY}).status_code == 401
+    assert httpx.get(f"{url}/metrics").status_code == 401
+
+
+PROMETHEUS_EXAMPLE = REPO / "docs" / "monitoring" / "prometheus.yml"
+
+
+def test_the_documented_scrape_config_passes_promtool(tmp_path):
+    """docs/monitoring.md's scrape config, checked by Prometheus's own `promtool check config` (Debian package
+    prometheus; `make unit` installs it)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus; make unit installs it as root)")
+    conf = yaml.safe_load(PROMETHEUS_EXAMPLE.read_text())
+    job = conf["scrape_configs"][0]
+    assert job["metrics_path"] == "/metrics" and job["authorization"]["type"] == "Bearer"
+    key_file = tmp_path / "ds4-cpu.metrics-key"
+    key_file.write_text(METRICS_KEY + "\n")
+    text = PROMETHEUS_EXAMPLE.read_text().replace(job["authorization"]["credentials_file"], str(key_file))
+    (tmp_path / "prometheus.yml").write_text(text)
+    p = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                       text=True, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (REPO / "docs" / "monitoring.md").read_text().count("docs/monitoring/prometheus.yml") >= 1
