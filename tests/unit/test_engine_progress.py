@@ -65,7 +65,7 @@ def test_no_reading_is_unreadable_and_keeps_the_last():
 
 
 def test_every_vllm_build_reads_the_same_metrics():
-    from ds4deploy.recipe import all_recipes
+    from ds4deploy.recipe.load import all_recipes
 
     assert {family(r.engine.flavor) for r in all_recipes()} == {"vllm"}
     assert family("llama.cpp") == "llama.cpp"  # no reader yet: the supervisor falls back to its probe

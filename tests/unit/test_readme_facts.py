@@ -10,7 +10,7 @@ import tomllib
 
 import yaml
 
-from ds4deploy.recipe import load_recipe
+from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.schema import CLIENT_COMPACT_WINDOW_TOKENS
 from tests.unit.conftest import REPO
 
