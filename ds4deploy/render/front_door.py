@@ -75,6 +75,18 @@ def upstream(recipe: Recipe) -> str:
     return f"127.0.0.1:{recipe.engine_port}"
 
 
+# Docker's embedded DNS server, which a container on a user-defined network (the compose network) asks for service
+# names (Docker docs, "Networking overview", DNS services).
+DOCKER_DNS = "127.0.0.11"
+
+
+def resolver(recipe: Recipe) -> str | None:
+    """The DNS server nginx asks for the engine's address at request time (bridge networking: Docker's, so a
+    recreated engine container is found at its new address), or None (host networking: a fixed loopback
+    address, kept in an ``upstream`` block with keep-alive connections)."""
+    return DOCKER_DNS if recipe.serving.network_mode == "bridge" else None
+
+
 def listen(recipe: Recipe) -> str:
     """nginx ``listen`` address of the proxy: the recipe's port on all interfaces of its own container (bridge:
     Docker publishes it on bind_address), or bind_address itself (host networking)."""
@@ -104,6 +116,9 @@ def context(recipe: Recipe) -> dict:
         "image": IMAGE,
         "listen": listen(recipe),
         "upstream": upstream(recipe),
+        "resolver": resolver(recipe),
+        # What proxy_pass names: the engine's address in a variable (resolved per request) or the upstream block.
+        "engine_ref": "$ds4_engine" if resolver(recipe) else "engine",
         "allow": fd.allow,
         "anthropic_prefixes": ANTHROPIC_PREFIXES,
         "max_body_mib": recipe.max_body_mib,

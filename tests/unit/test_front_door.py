@@ -440,3 +440,102 @@ def test_the_documented_scrape_config_passes_promtool(tmp_path):
                        text=True, check=False)
     assert p.returncode == 0, p.stdout + p.stderr
     assert (REPO / "docs" / "monitoring.md").read_text().count("docs/monitoring/prometheus.yml") >= 1
+
+
+class TinyDNS:
+    """A DNS server on loopback answering A queries for one name with a switchable address (what Docker's embedded
+    DNS does for a compose service whose container was recreated), every other query NXDOMAIN."""
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name, self.address, self.queries = name, address, 0
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                q, peer = self.sock.recvfrom(512)
+            except OSError:
+                return
+            labels, i = [], 12
+            while q[i]:
+                labels.append(q[i + 1:i + 1 + q[i]].decode())
+                i += 1 + q[i]
+            question = q[12:i + 5]
+            qtype = int.from_bytes(q[i + 1:i + 3], "big")
+            hit = ".".join(labels) == self.name and qtype == 1
+            self.queries += hit
+            flags = b"\x81\x80" if hit else b"\x81\x83"
+            out = q[:2] + flags + b"\x00\x01" + (b"\x00\x01" if hit else b"\x00\x00") + b"\x00\x00\x00\x00" + question
+            if hit:
+                out += b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x01\x00\x04" + socket.inet_aton(self.address)
+            self.sock.sendto(out, peer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@needs_nginx
+def test_a_bridge_front_door_follows_a_recreated_engine(tmp_path):
+    """Bridge networking: the engine is `engine` on the compose network. Recreated alone, it comes back at another
+    address; the front door asks DNS again (resolver, variable upstream) and reaches the new one. Two upstreams on
+    two loopback addresses stand in for the old and the new container, a small DNS server for Docker's."""
+    base = load_recipe("cpu")
+    recipe = base.model_copy(update={"serving": base.serving.model_copy(update={"network_mode": "bridge"})})
+    text = render.render(recipe).files[front_door.TEMPLATE_FILE]
+    assert "resolver 127.0.0.11 valid=10s" in text and "upstream engine" not in text
+    olds = ThreadingHTTPServer(("127.0.0.2", 0), Echo)
+    port = olds.server_port
+    news = ThreadingHTTPServer(("127.0.0.3", port), Echo)
+    for s in (olds, news):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    dns = TinyDNS("engine", "127.0.0.2")
+    listen = _free_port()
+    conf = keyed(text, f"127.0.0.1:{listen}", "unused", tmp_path)
+    conf = conf.replace(f"listen {front_door.listen(recipe)};", f"listen 127.0.0.1:{listen};")
+    conf = conf.replace("resolver 127.0.0.11 valid=10s", f"resolver 127.0.0.1:{dns.port} valid=1s")
+    conf = conf.replace(f"set $ds4_engine {front_door.upstream(recipe)};", f"set $ds4_engine engine:{port};")
+    (tmp_path / "nginx.conf").write_text(conf)
+    proc = subprocess.Popen([NGINX, "-e", f"{tmp_path}/error.log", "-c", str(tmp_path / "nginx.conf"), "-g",
+                             "daemon off;"])
+    url = f"http://127.0.0.1:{listen}"
+    try:
+        status = None
+        for _ in range(50):
+            try:
+                status = httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}, timeout=2).status_code
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert status == 200 and dns.queries >= 1
+        olds.shutdown()
+        olds.server_close()  # the old container is gone
+        dns.address = "127.0.0.3"  # the recreated one has a new address
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}, timeout=5)
+            if r.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200, r.text[:200]
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        news.shutdown()
+        dns.close()
+
+
+def test_the_committed_renders_are_host_networked_or_resolve_at_request_time():
+    """Every front door either shares the host's network with a fixed loopback engine address or resolves the
+    engine's name per request: none keeps an address looked up once at start."""
+    for recipe in all_recipes():
+        if recipe.serving.front_door is None:
+            continue
+        text = render.render(recipe).files[front_door.TEMPLATE_FILE]
+        if recipe.serving.network_mode == "bridge":
+            assert "resolver 127.0.0.11" in text and "upstream engine" not in text, recipe.name
+        else:
+            assert f"server 127.0.0.1:{recipe.engine_port};" in text, recipe.name
