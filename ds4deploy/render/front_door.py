@@ -167,7 +167,8 @@ def nginx_check(recipe: Recipe, conf: str) -> str | None:
         return NGINX_ABSENT
     with tempfile.TemporaryDirectory(prefix="ds4-nginx-t-") as d:
         tmp = Path(d)
-        text = conf.replace("${VLLM_API_KEY}", _PLACEHOLDER_KEY).replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
+        text = conf.replace("${VLLM_API_KEY}", _PLACEHOLDER_KEY).replace("${DS4_METRICS_KEY}", _PLACEHOLDER_KEY + "m")
+        text = text.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
         text = re.sub(r"(?m)^(\s*server\s+)engine:(\d+);", r"\g<1>127.0.0.1:\2;", text)
         # nginx -t binds the listen sockets: the recipe's address may not exist here and its port may be taken (by
         # a running front door), so the copy listens on a socket in the temporary directory.
