@@ -124,6 +124,9 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 	@# nginx-light (the front door image's nginx, Debian bookworm): tests/unit/test_front_door.py runs the renders.
 	@[ -x /usr/sbin/nginx ] || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light; }
+	@# promtool (Debian package prometheus): checks the documented scrape config (docs/monitoring/prometheus.yml).
+	@command -v promtool >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 	$(BIN)/pytest -q --durations=10 tests/unit
 
 # Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then

@@ -500,7 +500,8 @@ def cmd_supervise(ns: argparse.Namespace) -> int:
     recipe = load_recipe(ns.recipe)
     policy = Policy(interval_s=ns.interval, failures_to_restart=ns.failures, probe_every_s=ns.probe_every,
                     probe_timeout_s=ns.probe_timeout, max_restarts=ns.max_restarts, window_s=ns.window,
-                    backoff_s=ns.backoff)
+                    backoff_s=ns.backoff, progress_bound_s=(
+                        recipe.serving.progress_bound_s if ns.progress_bound is None else ns.progress_bound))
     journal = Journal(Path(ns.journal or f"/var/lib/ds4deploy/supervise/{recipe.name}.jsonl"))
     return supervise(make_target(recipe, Path(ns.inventory), ns.url), policy, journal, max_cycles=ns.cycles)
 
@@ -776,6 +777,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--failures", type=int, default=2, help="failed /health checks in a row before a restart")
     sv.add_argument("--probe-every", type=float, default=30, help="seconds between progress probes")
     sv.add_argument("--probe-timeout", type=float, default=60, help="seconds a one-token completion may take")
+    sv.add_argument("--progress-bound", type=float, help="seconds a busy engine may show no progress before it "
+                    "counts as stuck (default: the recipe's serving.progress_bound_s)")
     sv.add_argument("--max-restarts", type=int, default=5, help="restarts within --window before giving up")
     sv.add_argument("--window", type=float, default=3600, help="seconds")
     sv.add_argument("--backoff", type=float, default=10, help="first wait after a failed restart, doubling")

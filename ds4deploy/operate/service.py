@@ -8,12 +8,19 @@ in its own session, whose pid and command line are recorded in ``<stack dir>/sup
 exactly that process and no other. The stack directory is the control host's ``/opt/ds4deploy/stacks/<stack>``
 (ansible/group_vars/all.yml ds4_node_stack_dir); the supervisor's own output goes to ``supervise.log`` beside it,
 its journal to /var/lib/ds4deploy/supervise/<recipe>.jsonl (ds4deploy.operate.supervisor).
+
+The stack is host-wide, so its supervisor must not depend on the checkout that deployed it: `start` first installs
+what the supervisor runs and reads under ``/opt/ds4deploy/supervisor/<stack>/`` (`install`): a copy of this venv
+(``venv/``; hardlinked where /opt shares the checkout's filesystem, its scripts pointed at the copy's own python),
+the code, recipes, renders and playbooks it reads (``root/``) and the inventory (``inventory.yml``). Deleting or
+moving the checkout afterwards leaves supervision, restarts included, working.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -25,6 +32,11 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.schema import Recipe
 
 STACKS_DIR = Path(os.environ.get("DS4_STACKS_DIR", "/opt/ds4deploy/stacks"))
+# Where each stack's supervisor is installed, apart from any checkout (`install`).
+INSTALL_DIR = Path(os.environ.get("DS4_SUPERVISOR_DIR", "/opt/ds4deploy/supervisor"))
+# What the supervisor reads from the repository: its code, the recipes, their committed renders (restart.yml starts
+# compose/<recipe>/ as rendered) and the playbooks it runs.
+INSTALLED_TREES = ("ds4deploy", "recipes", "compose", "ansible")
 SYSTEMD_RUNTIME = Path("/run/systemd/system")
 UNIT_DIR = Path("/etc/systemd/system")
 # Seconds a stopped supervisor may take to exit after SIGTERM before it gets SIGKILL: it sleeps between checks and
@@ -40,21 +52,84 @@ def unit_name(recipe: Recipe) -> str:
     return f"ds4deploy-supervise-{recipe.name}.service"
 
 
-def command(recipe: Recipe, inventory: Path) -> list[str]:
-    """The supervisor's argv: this venv's ds4deploy, the recipe, the inventory (absolute)."""
-    return [str(Path(sys.executable).parent / "ds4deploy"), "supervise", recipe.name,
-            "--inventory", str(inventory.resolve())]
+def _link_or_copy(src: str, dst: str) -> None:
+    """Hardlink `src` to `dst` (instant, no space; the link outlives the checkout's file), else copy it."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
 
 
-def unit_text(recipe: Recipe, inventory: Path) -> str:
-    """The systemd unit of the recipe's supervisor: restarted when it fails, except after it gave up (exit 3,
-    ds4deploy.operate.supervisor.GAVE_UP_EXIT), which asks for a human."""
+def install(recipe: Recipe, inventory: Path) -> tuple[list[str], Path]:
+    """Install the recipe's supervisor under INSTALL_DIR/<stack>/, independent of this checkout; returns (argv of the
+    installed supervisor, its working directory). The previous install of the stack is replaced whole.
+
+    - ``venv/``: this venv (`sys.prefix`), its library files hardlinked (copied across filesystems), its scripts
+      copied with their ``#!`` line pointed at the copy's python; the checkout's editable install of ds4deploy is
+      left out and a ``.pth`` names ``root/`` instead;
+    - ``root/``: copies of `INSTALLED_TREES` (ds4deploy resolves REPO_ROOT there, so the playbooks, renders and
+      recipes it reads are these copies);
+    - ``inventory.yml``: the inventory, with ``group_vars/`` and ``host_vars/`` beside it when there are any.
+
+    Raises:
+        UserError: the inventory does not exist, or INSTALL_DIR cannot be written (run as root).
+    """
+    from ds4deploy.recipe.paths import REPO_ROOT
+
+    if not inventory.is_file():
+        raise UserError(f"inventory {inventory} does not exist", "pass the inventory the recipe was deployed with")
+    dest = INSTALL_DIR / recipe.base_name
+    new = dest.with_name(dest.name + ".new")
+    src_venv = Path(sys.prefix)
+    try:
+        shutil.rmtree(new, ignore_errors=True)
+        new.mkdir(parents=True)
+        shutil.copytree(src_venv, new / "venv", symlinks=True, copy_function=_link_or_copy,
+                        ignore=shutil.ignore_patterns("__pycache__", "__editable__*ds4deploy*", "bin"))
+        (new / "venv" / "bin").mkdir()
+        for f in sorted((src_venv / "bin").iterdir()):
+            out = new / "venv" / "bin" / f.name
+            if f.is_symlink():
+                out.symlink_to(os.readlink(f))  # python -> the system interpreter
+                continue
+            if not f.is_file():
+                continue
+            data = f.read_bytes()
+            if data.startswith(b"#!") and str(src_venv).encode() in data.split(b"\n", 1)[0]:
+                data = data.replace(str(src_venv).encode(), str(dest / "venv").encode(), 1)
+            out.write_bytes(data)
+            out.chmod(f.stat().st_mode)
+        site = next((new / "venv").glob("lib/python*/site-packages"))
+        (site / "ds4deploy-supervisor-root.pth").write_text(f"{dest / 'root'}\n")
+        for tree in INSTALLED_TREES:
+            shutil.copytree(REPO_ROOT / tree, new / "root" / tree, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        shutil.copy2(inventory, new / "inventory.yml")
+        for side in ("group_vars", "host_vars"):
+            if (inventory.parent / side).is_dir():
+                shutil.copytree(inventory.parent / side, new / side)
+        old = dest.with_name(dest.name + ".old")
+        shutil.rmtree(old, ignore_errors=True)
+        if dest.exists():
+            dest.rename(old)
+        new.rename(dest)
+        shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        raise UserError(f"cannot install the supervisor under {INSTALL_DIR}: {exc}",
+                        "run `ds4deploy supervisor start` as root (make deploy does)") from None
+    argv = [str(dest / "venv" / "bin" / "ds4deploy"), "supervise", recipe.name, "--inventory",
+            str(dest / "inventory.yml")]
+    return argv, dest / "root"
+
+
+def unit_text(recipe: Recipe, argv: list[str], cwd: Path) -> str:
+    """The systemd unit of the recipe's supervisor (`argv` run in `cwd`, as `install` returns them): restarted when
+    it fails, except after it gave up (exit 3, ds4deploy.operate.supervisor.GAVE_UP_EXIT), which asks for a
+    human."""
     from ds4deploy.operate.supervisor import GAVE_UP_EXIT
-    from ds4deploy.render.compose import REPO_ROOT
 
-    argv = " ".join(command(recipe, inventory))
     return (f"[Unit]\nDescription=ds4deploy supervisor of {recipe.name}\nAfter=docker.service\n\n"
-            f"[Service]\nWorkingDirectory={REPO_ROOT}\nExecStart={argv}\nRestart=on-failure\nRestartSec=10\n"
+            f"[Service]\nWorkingDirectory={cwd}\nExecStart={' '.join(argv)}\nRestart=on-failure\nRestartSec=10\n"
             f"RestartPreventExitStatus={GAVE_UP_EXIT}\n\n[Install]\nWantedBy=multi-user.target\n")
 
 
@@ -134,7 +209,8 @@ def stop(recipe: Recipe) -> dict:
 
 
 def start(recipe: Recipe, inventory: Path) -> dict:
-    """Start the recipe's supervisor (stopping a running one first, so it runs this checkout's code and recipe).
+    """Start the recipe's supervisor (stopping a running one first, so it runs this checkout's code and recipe),
+    installed apart from this checkout (`install`).
 
     Raises:
         UserError: the inventory does not exist, or the supervisor exits before it records its start (its log tail
@@ -143,10 +219,10 @@ def start(recipe: Recipe, inventory: Path) -> dict:
     if not inventory.is_file():
         raise UserError(f"inventory {inventory} does not exist", "pass the inventory the recipe was deployed with")
     stop(recipe)
-    argv = command(recipe, inventory)
+    argv, cwd = install(recipe, inventory)
     if _systemd():
         unit = unit_name(recipe)
-        (UNIT_DIR / unit).write_text(unit_text(recipe, inventory))
+        (UNIT_DIR / unit).write_text(unit_text(recipe, argv, cwd))
         for args in (("daemon-reload",), ("enable", "--now", unit)):
             p = _systemctl(*args)
             if p.returncode != 0:
@@ -155,12 +231,10 @@ def start(recipe: Recipe, inventory: Path) -> dict:
         return {"mode": "systemd", "unit": unit}
     svc = Service(recipe)
     svc.dir.mkdir(parents=True, exist_ok=True)
-    from ds4deploy.render.compose import REPO_ROOT
-
     offset = svc.log.stat().st_size if svc.log.is_file() else 0
     with svc.log.open("a", encoding="utf-8") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                cwd=REPO_ROOT, start_new_session=True)
+                                cwd=cwd, start_new_session=True)
     rec = {"pid": proc.pid, "argv": argv, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     # Running means its journal's "start" event (it has read the recipe, inventory and key); a bad one of those
     # makes it exit first.

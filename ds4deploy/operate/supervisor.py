@@ -13,8 +13,14 @@ What counts as a failure, checked every `interval_s`:
 
 - ``engine-down``: a node's engine container is not running (exited, killed, removed);
 - ``unhealthy``: the head's GET /health fails or is not 200 `failures_to_restart` times in a row;
-- ``wedged``: /health answers but a one-token completion (the progress probe, every `probe_every_s`) gets no answer
-  within `probe_timeout_s`: the "API up, pair stuck" state of an NCCL timeout (docs/sources.md#nccl-timeout-wedge).
+- ``wedged``: /health answers but the engine is stuck: the "API up, pair stuck" state of an NCCL timeout
+  (docs/sources.md#nccl-timeout-wedge). Busy is not stuck (docs/sources.md#supervisor-progress): every check reads
+  the engine's own progress counters (`ds4deploy.operate.progress`, per engine family). With requests running or
+  queued, the engine is stuck only when no counter moved for the recipe's ``serving.progress_bound_s``; a long
+  prefill or a full one-sequence engine keeps it busy, never restarted. Only an idle engine (nothing running or
+  queued, or no counters to read) gets the one-token completion probe (every `probe_every_s`, allowed
+  `probe_timeout_s`), so the probe waits behind no one; a probe that times out while the counters moved meanwhile
+  waited behind a request that arrived after the reading, and is not a wedge.
 
 Restarts back off exponentially (`backoff_s` doubling up to `backoff_max_s`) and stop after `max_restarts` within
 `window_s`: the supervisor then records ``gave-up`` and exits 3, so whatever runs it can alert a human. Every event
@@ -49,6 +55,7 @@ import httpx
 from ds4deploy.core.errors import UserError
 from ds4deploy.operate.incidents import Incident, collect, docker_env, node_project
 from ds4deploy.operate.key_file import parse_env_file
+from ds4deploy.operate.progress import READERS, ProgressWatch, Reading
 from ds4deploy.plan.nodes import Node, plan_from_inventory
 from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Recipe
@@ -62,9 +69,10 @@ class Policy:
     """Supervision timing. Seconds throughout.
 
     Defaults: a 10 s check (the compose healthcheck interval, ds4deploy.render.compose.HEALTHCHECK), 2 misses before a
-    restart (one miss can be a GC pause), a progress probe every 30 s allowed 60 s (a one-token completion takes
-    milliseconds on an idle server and seconds on a loaded one), backoff 10 s doubling to 300 s, at most 5 restarts
-    per hour before a human must look.
+    restart (one miss can be a GC pause), a progress probe of an idle engine every 30 s allowed 60 s (a one-token
+    completion takes milliseconds on an idle server), backoff 10 s doubling to 300 s, at most 5 restarts per hour
+    before a human must look. `progress_bound_s`: seconds a busy engine may go without any progress counter moving
+    before it counts as stuck; the recipe's ``serving.progress_bound_s`` (its default and source are there).
     """
 
     interval_s: float = 10
@@ -76,6 +84,7 @@ class Policy:
     max_restarts: int = 5
     window_s: float = 3600
     restart_timeout_s: float = 3600
+    progress_bound_s: float = 600
 
 
 @dataclass
@@ -139,6 +148,19 @@ class Target:
         except httpx.HTTPError as exc:
             return False, f"GET /health: {type(exc).__name__}"
         return r.status_code == 200, f"GET /health -> {r.status_code}"
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        """The engine's progress counters through the head (`ds4deploy.operate.progress`, the recipe's engine
+        family): (reading, "") or (None, why not)."""
+        reader = READERS.get(self.recipe.engine.family)
+        if reader is None:
+            return None, f"no progress reader for engine flavor {self.recipe.engine.flavor}"
+        try:
+            return reader(self.url, self.key, timeout_s), ""
+        except httpx.HTTPError as exc:
+            return None, f"GET /metrics: {type(exc).__name__}"
+        except ValueError as exc:
+            return None, f"GET /metrics: {exc}"
 
     def progress(self, timeout_s: float) -> tuple[bool, str]:
         """One-token completion through the head: (made progress, detail)."""
@@ -220,7 +242,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
 
     Args:
         target: what to watch and restart; anything with `Target`'s ``container_states``, ``health``,
-            ``progress``, ``collect`` and ``restart`` methods (tests pass a scripted fake).
+            ``reading``, ``progress``, ``collect`` and ``restart`` methods (tests pass a scripted fake).
         max_cycles: stop after this many checks (tests); None = forever.
         sleep: waits the given seconds (`time.sleep`; tests pass one that advances their clock).
         clock: monotonic seconds (`time.monotonic`); decides the restart window, probe cadence and stable period.
@@ -231,6 +253,8 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
     last_probe: float | None = None
     healthy_since: float | None = None
     unreachable_since: float | None = None
+    watch = ProgressWatch(policy.progress_bound_s)
+    engine_state = None
     log = journal.path.with_suffix(".restart.log")
     journal.write("start", recipe=target.recipe.name, url=target.url,
                   nodes={n.name: n.role for n in target.nodes}, policy=policy.__dict__)
@@ -262,12 +286,25 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                     reason = "unhealthy"
             else:
                 misses = 0
+                reading, why = target.reading()
+                verdict = watch.judge(reading, clock(), why)
+                if verdict.state != engine_state:
+                    engine_state = verdict.state
+                    journal.write("engine", state=verdict.state, detail=verdict.detail)
                 now = clock()
-                if last_probe is None or now - last_probe >= policy.probe_every_s:
+                if verdict.state == "stalled":
+                    reason, detail = "wedged", f"{detail}, but {verdict.detail}"
+                elif verdict.state != "busy" and (last_probe is None or now - last_probe >= policy.probe_every_s):
+                    # Idle (or no counters): the probe waits behind no one, so no answer means a frozen engine...
                     last_probe = now
                     progressed, pdetail = target.progress(policy.probe_timeout_s)
                     if not progressed:
-                        reason, detail = "wedged", f"{detail}, but {pdetail}"
+                        after, _ = target.reading()
+                        if watch.moved_since(after):
+                            # ...unless a request came in after the reading and the probe waited behind it.
+                            journal.write("probe-waited", detail=f"{pdetail}, while the engine worked")
+                        else:
+                            reason, detail = "wedged", f"{detail}, but {pdetail}"
             if reason is not None:
                 # A probe can take up to probe_timeout_s: a container that died meanwhile is the real cause, and
                 # a head whose worker died still answers /health (seen as "wedged" in CI before this re-read).
@@ -301,6 +338,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                       log=str(log), incident=str(incident.dir) if incident.dir else None)
         misses = 0
         last_probe = clock()
+        watch, engine_state = ProgressWatch(policy.progress_bound_s), None  # a new engine, its counters from zero
         if not ok:
             journal.write("backoff", seconds=backoff)
             sleep(backoff)

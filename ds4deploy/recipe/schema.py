@@ -564,8 +564,12 @@ class CodingAgent(Strict):
 
     `output_tokens` is the agent's own max_tokens (Claude Code sends 32,000), `prompt_tokens` the prompt it sends
     before any work (system prompt and tool definitions), `thinking` whether it asks for reasoning (a ``thinking``
-    block). The preflight rule ``coding-agent-fit`` requires a context holding both and a reasoning parser when
-    thinking is asked for.
+    block). `compact_window_tokens` is the client's auto-compact window, the setting users give their client for
+    this deployment (Claude Code: ``CLAUDE_CODE_AUTO_COMPACT_WINDOW``): the agent's prompt grows turn by turn
+    until it nears that window and only then is compacted, so every request up to it carries the whole output
+    budget on top. Unset, the client's own default applies (`CLIENT_COMPACT_WINDOW_TOKENS`). The preflight rule
+    ``coding-agent-fit`` requires a context holding the window plus the output budget, a window above the first
+    prompt, and a reasoning parser when thinking is asked for.
     """
 
     output_tokens: int = Field(
@@ -582,10 +586,25 @@ class CodingAgent(Strict):
         description="the agent asks for reasoning (a `thinking` block): the recipe then needs a reasoning parser "
                     "(rule coding-agent-fit)",
     )
+    compact_window_tokens: int | None = Field(
+        default=None, ge=1, description="the client's auto-compact window, tokens (Claude Code: "
+        "CLAUDE_CODE_AUTO_COMPACT_WINDOW); unset: the client's default, CLIENT_COMPACT_WINDOW_TOKENS")
     source: str = Field(
         min_length=3,
         description="where the agent's figures come from (docs/sources.md#<anchor> or an upstream page)",
     )
+
+    @property
+    def window(self) -> int:
+        """The auto-compact window the agent runs with, tokens: `compact_window_tokens` or the client default."""
+        return self.compact_window_tokens or CLIENT_COMPACT_WINDOW_TOKENS
+
+
+# Claude Code's auto-compact window for a model it does not know, tokens: 2.1.332 (the release tests/support pins)
+# says so itself ("Claude Code doesn't recognize the model ..., so it assumes a context window of 1m tokens") and
+# compacts only near it, whatever the server's context; a server with a shorter context then answers 400 once the
+# prompt plus max_tokens passes it (anthropics/claude-code#62070; docs/sources.md#coding-agent-compaction).
+CLIENT_COMPACT_WINDOW_TOKENS = 1_000_000
 
 
 class Serving(Strict):
@@ -670,6 +689,13 @@ class Serving(Strict):
         default=None,
         description="the recipe serves a coding agent: what one of its requests needs (rule coding-agent-fit)",
     )
+    progress_bound_s: int = Field(
+        default=600, ge=30,
+        description="seconds a busy engine (requests running or queued) may go without any progress counter moving "
+                    "before the supervisor restarts it. Default 600 s: 2.7x the longest silent stretch measured on "
+                    "the reference systems, a 223.6 s TTFT of four concurrent 131K-token prompts on the GX10 pair "
+                    "(118.7 s for one 256K-token prompt on the V100 system; docs/sources.md#supervisor-progress). "
+                    "Raise it for longer prompts on slower hardware.")
     extra_args: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
         description="further engine flags, name without leading dashes -> value (true = bare flag)",
@@ -1165,6 +1191,12 @@ class Recipe(Strict):
     def key_file(self) -> str:
         """Where the API key lives on each node: serving.auth.key_file, or /etc/ds4deploy/secrets/<name>.env."""
         return self.serving.auth.key_file or f"/etc/ds4deploy/secrets/{self.base_name}.env"
+
+    @property
+    def metrics_key_file(self) -> str:
+        """Where the metrics credential lives on the head (``DS4_METRICS_KEY=...``, mode 0600), beside the API key:
+        ``<key_file without .env>.metrics.env``. It reaches /metrics through the front door and nothing else."""
+        return self.key_file.removesuffix(".env") + ".metrics.env"
 
 
 def whole_number(value: Any) -> int | None:

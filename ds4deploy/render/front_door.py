@@ -35,13 +35,25 @@ ANTHROPIC_PREFIXES = ("/v1/messages",)
 # (authentication_error 401, request_too_large 413, api_error for 502 and 504). Only errors nginx itself produces
 # are rewritten; the engine's own error responses pass through unchanged.
 ERRORS: dict[int, tuple[str, str, str, str]] = {
+    400: ("invalid_request_error", "bad_request", "invalid_request_error",
+          "malformed request: the front door refused its request line or headers (a duplicate Authorization or "
+          "Host header, an invalid Host)"),
     401: ("invalid_request_error", "invalid_api_key", "authentication_error",
           "missing or invalid API key: send it as Authorization: Bearer <key> or as x-api-key: <key>"),
     413: ("invalid_request_error", "request_too_large", "request_too_large",
           "request body larger than this server accepts"),
     502: ("server_error", "engine_unavailable", "api_error", "the engine behind the front door is not answering"),
     504: ("server_error", "engine_timeout", "api_error", "the engine did not answer in time"),
+    # nginx's own code for request headers larger than large_client_header_buffers (8 KiB per line, 32 KiB in all
+    # by default; https://nginx.org/en/docs/http/ngx_http_core_module.html#large_client_header_buffers); the client
+    # is answered 400, as nginx does.
+    494: ("invalid_request_error", "request_header_too_large", "invalid_request_error",
+          "request headers larger than this server accepts (8 KiB per header line)"),
 }
+# What the client sees for an nginx-internal status (494 is answered as 400); every other status as itself.
+CLIENT_STATUS = {494: 400}
+# Errors nginx raises while it reads a request, before any route is chosen: handled at the server level.
+REQUEST_ERRORS = (400, 494)
 
 
 def error_body(status: int, api: str) -> str:
@@ -61,6 +73,18 @@ def upstream(recipe: Recipe) -> str:
     if recipe.serving.network_mode == "bridge":
         return f"engine:{recipe.engine_port}"
     return f"127.0.0.1:{recipe.engine_port}"
+
+
+# Docker's embedded DNS server, which a container on a user-defined network (the compose network) asks for service
+# names (Docker docs, "Networking overview", DNS services).
+DOCKER_DNS = "127.0.0.11"
+
+
+def resolver(recipe: Recipe) -> str | None:
+    """The DNS server nginx asks for the engine's address at request time (bridge networking: Docker's, so a
+    recreated engine container is found at its new address), or None (host networking: a fixed loopback
+    address, kept in an ``upstream`` block with keep-alive connections)."""
+    return DOCKER_DNS if recipe.serving.network_mode == "bridge" else None
 
 
 def listen(recipe: Recipe) -> str:
@@ -92,11 +116,16 @@ def context(recipe: Recipe) -> dict:
         "image": IMAGE,
         "listen": listen(recipe),
         "upstream": upstream(recipe),
+        "resolver": resolver(recipe),
+        # What proxy_pass names: the engine's address in a variable (resolved per request) or the upstream block.
+        "engine_ref": "$ds4_engine" if resolver(recipe) else "engine",
         "allow": fd.allow,
         "anthropic_prefixes": ANTHROPIC_PREFIXES,
         "max_body_mib": recipe.max_body_mib,
         "read_timeout_s": fd.read_timeout_s,
-        "errors": {s: {"openai": error_body(s, "openai"), "anthropic": error_body(s, "anthropic")} for s in ERRORS},
+        "errors": {s: {"openai": error_body(s, "openai"), "anthropic": error_body(s, "anthropic"),
+                       "status": CLIENT_STATUS.get(s, s)} for s in ERRORS},
+        "request_errors": REQUEST_ERRORS,
         "template_file": TEMPLATE_FILE,
         "container_template": CONTAINER_TEMPLATE,
         "probe": f"{health_probe(recipe)}/{recipe.serving.port}",
@@ -138,7 +167,8 @@ def nginx_check(recipe: Recipe, conf: str) -> str | None:
         return NGINX_ABSENT
     with tempfile.TemporaryDirectory(prefix="ds4-nginx-t-") as d:
         tmp = Path(d)
-        text = conf.replace("${VLLM_API_KEY}", _PLACEHOLDER_KEY).replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
+        text = conf.replace("${VLLM_API_KEY}", _PLACEHOLDER_KEY).replace("${DS4_METRICS_KEY}", _PLACEHOLDER_KEY + "m")
+        text = text.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
         text = re.sub(r"(?m)^(\s*server\s+)engine:(\d+);", r"\g<1>127.0.0.1:\2;", text)
         # nginx -t binds the listen sockets: the recipe's address may not exist here and its port may be taken (by
         # a running front door), so the copy listens on a socket in the temporary directory.

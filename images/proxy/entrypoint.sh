@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Start the front door: substitute the API key into a private copy of the rendered config, test it, run nginx.
 #
-# In:  /etc/ds4deploy/front-door.conf.template (rendered by ds4deploy, mounted read-only; holds ${VLLM_API_KEY})
+# In:  /etc/ds4deploy/front-door.conf.template (rendered by ds4deploy, mounted read-only; holds ${VLLM_API_KEY}
+#      and ${DS4_METRICS_KEY})
 #      VLLM_API_KEY (from the recipe's 0600 key file, through the compose env_file)
+#      DS4_METRICS_KEY (the read-only /metrics credential, from <key file>.metrics.env, 0600, the same way)
 # Out: /run/front-door/nginx.conf (mode 0600, tmpfs: never on disk, never in the image)
 # Exit 2 with "error: ... / fix: ..." when the key or the config is unusable; nothing listens then.
 set -euo pipefail
@@ -20,14 +22,22 @@ case "$VLLM_API_KEY" in
   *[!A-Za-z0-9_-]*) fail "VLLM_API_KEY holds characters other than A-Z a-z 0-9 _ -" \
     "use a key of those characters only (the deploy generates ds4-<40 letters and digits>)" ;;
 esac
+[ -n "${DS4_METRICS_KEY:-}" ] || fail "DS4_METRICS_KEY is empty or unset" \
+  "the metrics key file (<key file>.metrics.env) must hold a DS4_METRICS_KEY= line: delete it and deploy again to regenerate it"
+case "$DS4_METRICS_KEY" in
+  *[!A-Za-z0-9_-]*) fail "DS4_METRICS_KEY holds characters other than A-Z a-z 0-9 _ -" \
+    "use a key of those characters only (the deploy generates ds4m-<40 letters and digits>)" ;;
+esac
+[ "$DS4_METRICS_KEY" != "$VLLM_API_KEY" ] || fail "DS4_METRICS_KEY is the API key" \
+  "give /metrics a key of its own: delete the metrics key file and deploy again to regenerate it"
 
 umask 077
 mkdir -p /run/front-door
-# Only ${VLLM_API_KEY} is substituted; nginx's own $variables stay as they are. The single quotes are meant:
-# envsubst's SHELL-FORMAT argument names the variable literally (shellcheck SC2016 is about shell expansion).
+# Only the two keys are substituted; nginx's own $variables stay as they are. The single quotes are meant:
+# envsubst's SHELL-FORMAT argument names the variables literally (shellcheck SC2016 is about shell expansion).
 # shellcheck disable=SC2016
-envsubst '${VLLM_API_KEY}' <"$template" >"$conf"
-unset VLLM_API_KEY
+envsubst '${VLLM_API_KEY} ${DS4_METRICS_KEY}' <"$template" >"$conf"
+unset VLLM_API_KEY DS4_METRICS_KEY
 nginx -e stderr -t -q -c "$conf" || fail "nginx rejects the front door config (rendered from $template)" \
   "render it again with \`ds4deploy render\`; if that does not help, report the nginx message above"
 exec nginx -e stderr -c "$conf" -g 'daemon off;'

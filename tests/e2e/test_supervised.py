@@ -68,3 +68,60 @@ def test_a_frozen_engine_is_restarted_by_the_deployed_supervisor():
                    json={"model": DV["ds4_served_name"], "max_tokens": 4,
                          "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200, r.text[:300]
+
+
+# A supervisor of the test's own on the deployed stack, with a probe timeout far below what the load below makes a
+# request wait: before the progress counters were read, its probe waited behind the queue and it restarted a stack
+# that was only busy.
+BUSY_PROBE_TIMEOUT_S = 5
+BUSY_CLIENTS = 16  # 4 running (max_num_seqs) and 12 queued at any time
+BUSY_LOAD_S = 60
+
+
+def test_a_busy_engine_is_not_restarted(tmp_path):
+    """Keep every sequence of the engine busy with a queue behind it for longer than the probe timeout (a one-token
+    request sent meanwhile waits longer than it), with a supervisor that probes every 2 s allowed 5 s: it sees the
+    counters move, calls the engine busy and restarts nothing."""
+    import threading
+
+    url = f"http://127.0.0.1:{DV['ds4_port']}"
+    key = parse_env_file(Path(DV["ds4_key_file"]).read_text())["VLLM_API_KEY"]
+    headers = {"Authorization": f"Bearer {key}"}
+    body = {"model": DV["ds4_served_name"], "prompt": "count", "max_tokens": 1024, "ignore_eos": True}
+    stop_at = time.monotonic() + BUSY_LOAD_S
+    errors: list[str] = []
+
+    def client() -> None:
+        with httpx.Client(timeout=300) as c:
+            while time.monotonic() < stop_at:
+                r = c.post(f"{url}/v1/completions", json=body, headers=headers)
+                if r.status_code != 200:
+                    errors.append(f"{r.status_code} {r.text[:200]}")
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(BUSY_CLIENTS)]
+    for t in threads:
+        t.start()
+    journal = tmp_path / "busy.jsonl"
+    try:
+        time.sleep(5)  # the queue fills
+        sup = subprocess.Popen([str(VENV_BIN / "ds4deploy"), "supervise", "cpu", "--inventory",
+                                str(REPO / "ansible" / "inventories" / "local.yml"), "--interval", "2",
+                                "--probe-every", "2", "--probe-timeout", str(BUSY_PROBE_TIMEOUT_S),
+                                "--journal", str(journal), "--cycles", "15"], stdout=subprocess.DEVNULL,
+                               stderr=subprocess.PIPE, text=True)
+        t0 = time.monotonic()
+        waited = httpx.post(f"{url}/v1/completions", headers=headers, timeout=300,
+                            json={"model": DV["ds4_served_name"], "prompt": "ping", "max_tokens": 1})
+        waited_s = time.monotonic() - t0
+        assert waited.status_code == 200
+        assert waited_s > BUSY_PROBE_TIMEOUT_S, f"the load made a one-token request wait only {waited_s:.1f} s"
+        _out, err = sup.communicate(timeout=240)
+    finally:
+        stop_at = 0
+        for t in threads:
+            t.join(timeout=300)
+    events = [json.loads(x) for x in journal.read_text().splitlines()]
+    assert sup.returncode == 0, err[-2000:]
+    assert not errors, errors[:3]
+    assert [e for e in events if e["event"] in ("failure", "restarted", "restart-failed")] == [], events
+    assert "busy" in [e["state"] for e in events if e["event"] == "engine"], events

@@ -38,7 +38,9 @@ def _allow_list(dv) -> set[str]:
 
     repo = Path(__file__).resolve().parents[2]
     conf = (repo / "compose" / dv["ds4_recipe"] / "front-door.conf.template").read_text()
-    return set(re.findall(r"^\s*location = (\S+) \{", conf, re.M))
+    # Exact locations that forward without a key check (/metrics is an exact location too, but behind its own).
+    return {path for path, block in re.findall(r"^\s*location = (\S+) \{(.*?)^\s*\}", conf, re.M | re.S)
+            if "return 401" not in block}
 
 
 def _routes(url: str, key: dict) -> dict[str, list[str]]:
@@ -172,3 +174,33 @@ def test_a_system_message_inside_messages_reaches_the_model(front, dv):
         assert r.status_code == 200, r.text[:300]
         counts.append(r.json()["input_tokens"])
     assert counts[1] > counts[0]
+
+
+def test_the_metrics_credential_reaches_metrics_only(front, dv):
+    """Prometheus's own credential (docs/monitoring.md) scrapes the real engine's /metrics and is refused elsewhere."""
+    from pathlib import Path
+
+    from ds4deploy.operate.key_file import parse_env_file
+
+    url, _ = front
+    mkey = parse_env_file(Path(dv["ds4_metrics_key_file"]).read_text())["DS4_METRICS_KEY"]
+    bearer = {"Authorization": f"Bearer {mkey}"}
+    r = httpx.get(f"{url}/metrics", headers=bearer, timeout=30)
+    assert r.status_code == 200 and GENERATED.search(r.text), r.text[:300]
+    for path in ("/v1/models", "/tokenize", "/invocations", "/openapi.json"):
+        assert httpx.get(f"{url}{path}", headers=bearer, timeout=30).status_code == 401, path
+
+
+def test_monitors_and_clients_get_answers_they_understand(front, dv):
+    """HEAD /health is 200 (vLLM alone answers 405); a wrong key is 401 with x-should-retry: false; BEARER in
+    capitals is the same scheme; a streamed answer carries X-Accel-Buffering: no."""
+    url, key = front
+    assert httpx.head(f"{url}/health", timeout=30).status_code == 200
+    r = httpx.post(f"{url}/v1/messages", headers={"x-api-key": "wrong"}, json={}, timeout=30)
+    assert (r.status_code, r.headers.get("x-should-retry")) == (401, "false")
+    token = key["Authorization"].split()[1]
+    assert httpx.get(f"{url}/v1/models", headers={"Authorization": f"BEARER {token}"}, timeout=30).status_code == 200
+    body = {"model": dv["ds4_served_name"], "prompt": "hi", "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{url}/v1/completions", headers=key, json=body, timeout=60) as s:
+        assert s.status_code == 200 and s.headers.get("x-accel-buffering") == "no"
+        s.read()

@@ -33,17 +33,20 @@ def claude_binary() -> Path:
     return exe
 
 
-def run_claude(url: str, key: str, model: str, home: Path, prompt: str = "Say hello.") -> subprocess.CompletedProcess:
+def run_claude(url: str, key: str, model: str, home: Path, prompt: str = "Say hello.",
+               timeout_s: float = 300, key_env: str = "ANTHROPIC_AUTH_TOKEN") -> subprocess.CompletedProcess:
     """One print-mode turn (`claude -p`) against `url`, the key as bearer (ANTHROPIC_AUTH_TOKEN, as the README
-    says), every model alias mapped to `model`, telemetry and non-essential traffic off, a scratch HOME."""
+    says; `key_env` ANTHROPIC_API_KEY sends it as x-api-key), every model alias mapped to `model`, telemetry and
+    non-essential traffic off, a scratch HOME."""
     home.mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANTHROPIC_")}
-    env.update(HOME=str(home), ANTHROPIC_BASE_URL=url, ANTHROPIC_AUTH_TOKEN=key, ANTHROPIC_MODEL=model,
+    env.update({key_env: key})
+    env.update(HOME=str(home), ANTHROPIC_BASE_URL=url, ANTHROPIC_MODEL=model,
                ANTHROPIC_SMALL_FAST_MODEL=model, ANTHROPIC_DEFAULT_HAIKU_MODEL=model,
                ANTHROPIC_DEFAULT_SONNET_MODEL=model, ANTHROPIC_DEFAULT_OPUS_MODEL=model, DISABLE_TELEMETRY="1",
                CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC="1", DISABLE_AUTOUPDATER="1")
     return subprocess.run([str(claude_binary()), "-p", prompt, "--model", model], cwd=home, env=env,
-                          capture_output=True, text=True, timeout=300, check=False)
+                          capture_output=True, text=True, timeout=timeout_s, check=False)
 
 
 def run_llm(url: str, key: str, model: str, home: Path, prompt: str = "Say hello.") -> subprocess.CompletedProcess:

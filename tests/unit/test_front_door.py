@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from ds4deploy.recipe.load import all_recipes, load_recipe
 from ds4deploy.render import compose as render
@@ -26,6 +27,7 @@ from ds4deploy.render import front_door
 from tests.unit.conftest import REPO
 
 KEY = "ds4-TestKey0123456789abcdefABCDEF"
+METRICS_KEY = "ds4m-MetricsKey0123456789abcdefABC"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 needs_nginx = pytest.mark.skipif(not Path(NGINX).is_file(), reason="nginx not installed (make unit installs it)")
 
@@ -38,7 +40,8 @@ def _free_port() -> int:
 
 def keyed(conf: str, listen: str, upstream: str, tmp: Path) -> str:
     """The rendered template as the entrypoint makes it (the key substituted), moved to local test ports."""
-    out = conf.replace("${VLLM_API_KEY}", KEY).replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
+    out = conf.replace("${VLLM_API_KEY}", KEY).replace("${DS4_METRICS_KEY}", METRICS_KEY)
+    out = out.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
     out = out.replace("access_log /dev/stdout ds4 ", f"access_log {tmp}/access.log ds4 ")
     out = out.replace("error_log stderr warn;", f"error_log {tmp}/error.log warn;")
     for d in ("client_body", "proxy"):
@@ -161,7 +164,8 @@ def test_no_key_is_401_in_the_shape_of_the_routes_api(proxy):
 
 @needs_nginx
 @pytest.mark.parametrize("headers", [{"Authorization": f"Bearer {KEY}"}, {"x-api-key": KEY},
-                                     {"Authorization": f"bearer {KEY}"}])
+                                     {"Authorization": f"bearer {KEY}"}, {"Authorization": f"BEARER {KEY}"},
+                                     {"Authorization": f"bEaReR {KEY}"}])
 def test_either_key_header_passes_and_the_engine_gets_bearer_only(proxy, headers):
     url, _ = proxy
     for path in ("/invocations", "/v1/messages"):
@@ -169,6 +173,80 @@ def test_either_key_header_passes_and_the_engine_gets_bearer_only(proxy, headers
         assert r.status_code == 200, path
         assert r.json()["authorization"] == f"Bearer {KEY}"
         assert r.json()["x_api_key"] is None
+
+
+@needs_nginx
+def test_a_refused_key_tells_clients_not_to_retry(proxy):
+    """Claude Code and the Anthropic/OpenAI SDKs retry a 401 unless the answer says x-should-retry: false."""
+    url, _ = proxy
+    for path in ("/v1/messages", "/v1/chat/completions", "/metrics"):
+        r = httpx.post(f"{url}{path}", json={}, headers={"x-api-key": "wrong"})
+        assert (r.status_code, r.headers.get("x-should-retry")) == (401, "false"), path
+
+
+def _raw(url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `request` as is on one connection; (status, headers lower-cased, body)."""
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict((k.strip().lower(), v.strip()) for k, v in (x.split(":", 1) for x in lines[1:] if ":" in x))
+    return int(lines[0].split()[1]), headers, body
+
+
+@needs_nginx
+@pytest.mark.parametrize(("name", "extra"), [
+    ("duplicate Authorization", f"Authorization: Bearer {KEY}\r\nAuthorization: Bearer {KEY}\r\n"),
+    ("bad Host", "Host: bad/host\r\n"),
+    ("oversized header", "X-Big: " + "a" * 9000 + "\r\n"),
+])
+def test_nginxs_own_400s_are_json_in_the_api_shape(proxy, name, extra):
+    url, _ = proxy
+    host = "" if name == "bad Host" else "Host: localhost\r\n"
+    status, headers, body = _raw(url, f"GET /v1/models HTTP/1.1\r\n{host}{extra}Connection: close\r\n\r\n".encode())
+    assert status == 400, name
+    assert headers["content-type"] == "application/json", (name, body[:200])
+    err = json.loads(body)["error"]
+    assert err["type"] == "invalid_request_error" and err["code"] in ("bad_request", "request_header_too_large")
+
+
+@needs_nginx
+@pytest.mark.parametrize("key_env", ["ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN"])
+def test_claude_code_with_a_wrong_key_says_so_at_once(proxy, tmp_path, key_env):
+    """The real Claude Code CLI (pinned in tests/support/real_clients.py) against the front door with a wrong key:
+    it prints "Invalid API key" and exits non-zero within 10 s, instead of retrying the 401 for minutes. Runs when
+    the CLI is installed (the infra tier installs it with npm; the unit tier needs no network)."""
+    from tests.support import real_clients
+
+    exe = real_clients.CLAUDE_DIR / "node_modules" / ".bin" / "claude"
+    if not exe.exists():
+        pytest.skip(f"the Claude Code CLI is not installed in {real_clients.CLAUDE_DIR} (the infra tier installs it)")
+    url, _ = proxy
+    t0 = time.monotonic()
+    try:
+        p = real_clients.run_claude(url, "ds4-wrong-key", "ds4-tiny", tmp_path / "home", timeout_s=60,
+                                    key_env=key_env)
+    except subprocess.TimeoutExpired:
+        pytest.fail("Claude Code was still retrying the 401 after 60 s")
+    took = time.monotonic() - t0
+    assert p.returncode != 0
+    # x-api-key refused: "Invalid API key"; a bearer token (ANTHROPIC_AUTH_TOKEN) refused: Claude Code 2.1 takes it
+    # for an expired login and says "Not logged in".
+    said = "Invalid API key" if key_env == "ANTHROPIC_API_KEY" else "Not logged in"
+    assert said in p.stdout + p.stderr, (p.stdout[-500:], p.stderr[-500:])
+    assert took < 10, f"Claude Code took {took:.1f} s to report the wrong key"
+
+
+@needs_nginx
+def test_head_on_health_is_200_without_a_body(proxy):
+    url, _ = proxy
+    r = httpx.head(f"{url}/health")
+    assert r.status_code == 200 and r.content == b""
+    assert httpx.head(f"{url}/v1/models").status_code == 401  # HEAD elsewhere still needs the key
 
 
 @needs_nginx
@@ -218,6 +296,50 @@ def test_streams_are_not_buffered(proxy):
 
 
 @needs_nginx
+def test_a_stream_arrives_live_through_an_outer_default_nginx(proxy, tmp_path):
+    """Users put their own nginx in front, with its defaults (proxy_buffering on): the front door's
+    X-Accel-Buffering: no on a streamed answer keeps that proxy from holding the events until the end."""
+    url, _ = proxy
+    port = _free_port()
+    for d in ("client_body", "proxy"):
+        (tmp_path / d).mkdir()
+    conf = tmp_path / "outer.conf"
+    conf.write_text(
+        f"worker_processes 1;\npid {tmp_path}/outer.pid;\nevents {{}}\nhttp {{\n"
+        f"    client_body_temp_path {tmp_path}/client_body;\n    proxy_temp_path {tmp_path}/proxy;\n"
+        f"    access_log off;\n    server {{\n        listen 127.0.0.1:{port};\n"
+        f"        location / {{ proxy_pass {url}; }}\n    }}\n}}\n")
+    outer = subprocess.Popen([NGINX, "-e", f"{tmp_path}/outer-error.log", "-c", str(conf), "-g", "daemon off;"])
+    try:
+        for _ in range(50):
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        t0 = time.monotonic()
+        arrivals = []
+        with httpx.stream("GET", f"http://127.0.0.1:{port}/stream", headers={"x-api-key": KEY}, timeout=10) as r:
+            assert r.headers.get("x-accel-buffering") is None  # the outer proxy consumed it, as it should
+            for chunk in r.iter_raw():
+                if chunk.strip():
+                    arrivals.append(time.monotonic() - t0)
+    finally:
+        outer.terminate()
+        outer.wait(timeout=10)
+    assert arrivals and arrivals[0] < 0.4, arrivals
+    assert arrivals[-1] > 0.9
+
+
+@needs_nginx
+def test_only_streams_carry_x_accel_buffering(proxy):
+    url, _ = proxy
+    with httpx.stream("GET", f"{url}/stream", headers={"x-api-key": KEY}, timeout=10) as r:
+        assert r.headers["x-accel-buffering"] == "no"
+    assert "x-accel-buffering" not in httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}).headers
+
+
+@needs_nginx
 def test_logs_hold_no_key_and_no_body(proxy):
     url, tmp = proxy
     body_text = "body-text-that-must-not-be-logged"
@@ -254,8 +376,9 @@ def test_error_bodies_are_json_and_safe_inside_an_nginx_string(status):
         assert not set("'$\\") & set(body)
 
 
-def _entrypoint(tmp_path: Path, key: str | None) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_API_KEY"}
+def _entrypoint(tmp_path: Path, key: str | None, metrics_key: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "DS4_METRICS_KEY")}
+    env["DS4_METRICS_KEY"] = metrics_key if metrics_key is not None else METRICS_KEY
     env["FRONT_DOOR_TEMPLATE"] = str(REPO / "compose" / "cpu" / front_door.TEMPLATE_FILE)
     if key is not None:
         env["VLLM_API_KEY"] = key
@@ -270,3 +393,149 @@ def test_the_entrypoint_refuses_a_missing_or_unsafe_key(tmp_path, key, needle):
     p = _entrypoint(tmp_path, key)
     assert p.returncode == 2
     assert needle in p.stderr and "fix:" in p.stderr
+
+
+@pytest.mark.parametrize(("metrics_key", "needle"), [("", "DS4_METRICS_KEY is empty or unset"),
+                                                     ("ds4m-x;y", "DS4_METRICS_KEY holds characters"),
+                                                     (KEY, "DS4_METRICS_KEY is the API key")])
+def test_the_entrypoint_refuses_a_missing_unsafe_or_shared_metrics_key(tmp_path, metrics_key, needle):
+    p = _entrypoint(tmp_path, KEY, metrics_key)
+    assert p.returncode == 2
+    assert needle in p.stderr and "fix:" in p.stderr
+
+
+@needs_nginx
+def test_the_metrics_key_reaches_metrics_and_nothing_else(proxy):
+    """Prometheus's credential (its own key file) is a bearer token for /metrics alone; the engine still gets the
+    API key (vLLM's /metrics checks none, but the proxy presents one form everywhere)."""
+    url, _ = proxy
+    bearer = {"Authorization": f"Bearer {METRICS_KEY}"}
+    r = httpx.get(f"{url}/metrics", headers=bearer)
+    assert r.status_code == 200 and r.json()["path"] == "/metrics"
+    assert r.json()["authorization"] == f"Bearer {KEY}"
+    assert httpx.get(f"{url}/metrics", headers={"x-api-key": KEY}).status_code == 200
+    for path in ("/v1/models", "/v1/messages", "/metrics/", "/metrics/../v1/models", "/tokenize", "/invocations"):
+        assert httpx.get(f"{url}{path}", headers=bearer).status_code == 401, path
+    assert httpx.get(f"{url}/metrics", headers={"x-api-key": METRICS_KEY}).status_code == 401
+    assert httpx.get(f"{url}/metrics").status_code == 401
+
+
+PROMETHEUS_EXAMPLE = REPO / "docs" / "monitoring" / "prometheus.yml"
+
+
+def test_the_documented_scrape_config_passes_promtool(tmp_path):
+    """docs/monitoring.md's scrape config, checked by Prometheus's own `promtool check config` (Debian package
+    prometheus; `make unit` installs it)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool not installed (Debian package prometheus; make unit installs it as root)")
+    conf = yaml.safe_load(PROMETHEUS_EXAMPLE.read_text())
+    job = conf["scrape_configs"][0]
+    assert job["metrics_path"] == "/metrics" and job["authorization"]["type"] == "Bearer"
+    key_file = tmp_path / "ds4-cpu.metrics-key"
+    key_file.write_text(METRICS_KEY + "\n")
+    text = PROMETHEUS_EXAMPLE.read_text().replace(job["authorization"]["credentials_file"], str(key_file))
+    (tmp_path / "prometheus.yml").write_text(text)
+    p = subprocess.run([promtool, "check", "config", str(tmp_path / "prometheus.yml")], capture_output=True,
+                       text=True, check=False)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert (REPO / "docs" / "monitoring.md").read_text().count("docs/monitoring/prometheus.yml") >= 1
+
+
+class TinyDNS:
+    """A DNS server on loopback answering A queries for one name with a switchable address (what Docker's embedded
+    DNS does for a compose service whose container was recreated), every other query NXDOMAIN."""
+
+    def __init__(self, name: str, address: str) -> None:
+        self.name, self.address, self.queries = name, address, 0
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                q, peer = self.sock.recvfrom(512)
+            except OSError:
+                return
+            labels, i = [], 12
+            while q[i]:
+                labels.append(q[i + 1:i + 1 + q[i]].decode())
+                i += 1 + q[i]
+            question = q[12:i + 5]
+            qtype = int.from_bytes(q[i + 1:i + 3], "big")
+            hit = ".".join(labels) == self.name and qtype == 1
+            self.queries += hit
+            flags = b"\x81\x80" if hit else b"\x81\x83"
+            out = q[:2] + flags + b"\x00\x01" + (b"\x00\x01" if hit else b"\x00\x00") + b"\x00\x00\x00\x00" + question
+            if hit:
+                out += b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x01\x00\x04" + socket.inet_aton(self.address)
+            self.sock.sendto(out, peer)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@needs_nginx
+def test_a_bridge_front_door_follows_a_recreated_engine(tmp_path):
+    """Bridge networking: the engine is `engine` on the compose network. Recreated alone, it comes back at another
+    address; the front door asks DNS again (resolver, variable upstream) and reaches the new one. Two upstreams on
+    two loopback addresses stand in for the old and the new container, a small DNS server for Docker's."""
+    base = load_recipe("cpu")
+    recipe = base.model_copy(update={"serving": base.serving.model_copy(update={"network_mode": "bridge"})})
+    text = render.render(recipe).files[front_door.TEMPLATE_FILE]
+    assert "resolver 127.0.0.11 valid=10s" in text and "upstream engine" not in text
+    olds = ThreadingHTTPServer(("127.0.0.2", 0), Echo)
+    port = olds.server_port
+    news = ThreadingHTTPServer(("127.0.0.3", port), Echo)
+    for s in (olds, news):
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    dns = TinyDNS("engine", "127.0.0.2")
+    listen = _free_port()
+    conf = keyed(text, f"127.0.0.1:{listen}", "unused", tmp_path)
+    conf = conf.replace(f"listen {front_door.listen(recipe)};", f"listen 127.0.0.1:{listen};")
+    conf = conf.replace("resolver 127.0.0.11 valid=10s", f"resolver 127.0.0.1:{dns.port} valid=1s")
+    conf = conf.replace(f"set $ds4_engine {front_door.upstream(recipe)};", f"set $ds4_engine engine:{port};")
+    (tmp_path / "nginx.conf").write_text(conf)
+    proc = subprocess.Popen([NGINX, "-e", f"{tmp_path}/error.log", "-c", str(tmp_path / "nginx.conf"), "-g",
+                             "daemon off;"])
+    url = f"http://127.0.0.1:{listen}"
+    try:
+        status = None
+        for _ in range(50):
+            try:
+                status = httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}, timeout=2).status_code
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        assert status == 200 and dns.queries >= 1
+        olds.shutdown()
+        olds.server_close()  # the old container is gone
+        dns.address = "127.0.0.3"  # the recreated one has a new address
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            r = httpx.get(f"{url}/v1/models", headers={"x-api-key": KEY}, timeout=5)
+            if r.status_code == 200:
+                break
+            time.sleep(0.2)
+        assert r.status_code == 200, r.text[:200]
+        assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        news.shutdown()
+        dns.close()
+
+
+def test_the_committed_renders_are_host_networked_or_resolve_at_request_time():
+    """Every front door either shares the host's network with a fixed loopback engine address or resolves the
+    engine's name per request: none keeps an address looked up once at start."""
+    for recipe in all_recipes():
+        if recipe.serving.front_door is None:
+            continue
+        text = render.render(recipe).files[front_door.TEMPLATE_FILE]
+        if recipe.serving.network_mode == "bridge":
+            assert "resolver 127.0.0.11" in text and "upstream engine" not in text, recipe.name
+        else:
+            assert f"server 127.0.0.1:{recipe.engine_port};" in text, recipe.name

@@ -113,6 +113,12 @@ COUNTEREXAMPLES = [
     ("coding-agent-fit", V100, "serving.max_model_len", 32768),
     ("coding-agent-fit", GX10, "serving.reasoning_parser", None),
     ("coding-agent-fit", GX10, "serving.default_max_tokens", 16384),
+    # Claude Code compacts near its own window (1M by default), not near the server's context: a 65,536-token copy
+    # of the GX10 recipe would answer 400 to every request once a session passes 33,536 tokens.
+    ("coding-agent-fit", GX10, "serving.max_model_len", 65536),
+    ("coding-agent-fit", V100, "serving.coding_agent.compact_window_tokens", None),
+    ("coding-agent-fit", V100, "serving.coding_agent.compact_window_tokens", 500000),
+    ("coding-agent-fit", V100, "serving.coding_agent.compact_window_tokens", 20000),
     ("front-door-ports", V100, "serving.front_door.engine_port", 8000),
     ("front-door-ports", V100, "serving.front_door.engine_port", None),
     ("front-door-ports", GX10, "serving.front_door.engine_port", 25000),

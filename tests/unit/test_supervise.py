@@ -10,9 +10,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ds4deploy.operate.incidents import Incident
+from ds4deploy.operate.progress import Reading
 from ds4deploy.operate.supervisor import GAVE_UP_EXIT, Journal, Policy, supervise
 from ds4deploy.plan.nodes import Node
 from ds4deploy.recipe.load import load_recipe
+
+IDLE = Reading(0, 0, (("vllm:generation_tokens_total", 0.0),))
 
 
 class FakeClock:
@@ -60,6 +63,9 @@ class FakeGroup:
     def health(self, timeout_s: float = 5) -> tuple[bool, str]:
         self.checks += 1
         return (True, "GET /health -> 200") if self._now_ok() else (False, "GET /health: ConnectError")
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        return IDLE, ""  # an idle engine: the probe decides, as before the progress counters were read
 
     def progress(self, timeout_s: float) -> tuple[bool, str]:
         return True, "one-token completion in 0.01 s"
@@ -247,3 +253,102 @@ def test_one_node_unreachable_is_waited_for_too(tmp_path):
     assert rc == 0 and group.restarts == [] and group.incidents == []
     assert [e["event"] for e in events] == ["start", "unreachable"]
     assert "b: unknown (ssh: connect" in events[1]["detail"]
+
+
+@dataclass
+class BusyEngine(FakeGroup):
+    """A one-sequence engine (max_num_seqs 1) working through a long request: one running, `waiting` queued, its
+    generated-token counter moving by `step` tokens per check (0 = frozen, as a SIGSTOPped engine core). Its probe
+    would wait behind the request and time out, as the probe did before the counters were read."""
+
+    step: float = 100.0
+    waiting: float = 1.0
+    tokens: float = 0.0
+    probes: int = 0
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        self.tokens += self.step
+        return Reading(1, self.waiting, (("vllm:generation_tokens_total", self.tokens),)), ""
+
+    def progress(self, timeout_s: float) -> tuple[bool, str]:
+        self.probes += 1
+        self.clock.now += timeout_s
+        return False, f"no completion within {timeout_s:g} s"
+
+
+def test_a_busy_engine_is_never_probed_nor_restarted(tmp_path):
+    # 100 checks x 10 s = 1,000 s of one long request with a queue behind it: far past the probe timeout (60 s)
+    # and the progress bound (120 s), but its counters move every check.
+    group = BusyEngine(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+                      cycles=100)
+    assert rc == 0
+    assert group.restarts == [] and group.probes == 0
+    assert [e["state"] for e in events if e["event"] == "engine"] == ["busy"]
+
+
+def test_a_busy_engine_that_stops_moving_is_restarted_after_the_bound(tmp_path):
+    group = BusyEngine(FakeClock(), script=[], step=0.0)  # running and queued, no counter moves: frozen
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+                      cycles=14)
+    assert rc == 0 and group.probes == 0
+    failure = next(e for e in events if e["event"] == "failure")
+    assert failure["reason"] == "wedged" and "no progress counter moved for 120 s" in failure["detail"]
+    assert group.restarts == [120.0]  # the first reading at 0 s, the bound reached at the 13th check
+
+
+@dataclass
+class FrozenWhileIdle(FakeGroup):
+    """An idle engine whose core is frozen (SIGSTOP): its counters never move and the probe never answers."""
+
+    probes: int = 0
+
+    def progress(self, timeout_s: float) -> tuple[bool, str]:
+        self.probes += 1
+        self.clock.now += timeout_s
+        if self.restarts:
+            return True, "one-token completion in 0.01 s"
+        return False, f"no completion within {timeout_s:g} s"
+
+
+def test_an_idle_engine_that_does_not_answer_its_probe_is_wedged(tmp_path):
+    group = FrozenWhileIdle(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=3)
+    assert rc == 0 and group.probes >= 1 and len(group.restarts) == 1
+    failure = next(e for e in events if e["event"] == "failure")
+    assert failure["reason"] == "wedged" and "no completion within 60 s" in failure["detail"]
+
+
+@dataclass
+class BusyAfterTheReading(FrozenWhileIdle):
+    """Idle at the reading, then a user's long request arrives first: the probe waits behind it and times out, but
+    the engine's counters moved meanwhile."""
+
+    readings: int = 0
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        self.readings += 1
+        return (IDLE if self.readings == 1 else Reading(1, 1, (("vllm:generation_tokens_total", 5.0 *
+                                                                self.readings),))), ""
+
+
+def test_a_probe_that_waited_behind_new_work_is_not_a_wedge(tmp_path):
+    group = BusyAfterTheReading(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=5)
+    assert rc == 0 and group.restarts == [] and group.probes == 1
+    assert [e["event"] for e in events].count("probe-waited") == 1
+
+
+@dataclass
+class NoCounters(FrozenWhileIdle):
+    """An engine whose /metrics does not answer: the probe decides, as before."""
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        return None, "GET /metrics: ReadTimeout"
+
+
+def test_without_counters_the_probe_decides(tmp_path):
+    group = NoCounters(FakeClock(), script=[])
+    _rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=3)
+    assert len(group.restarts) == 1
+    assert next(e for e in events if e["event"] == "engine")["state"] == "unreadable"

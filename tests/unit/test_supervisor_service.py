@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -44,6 +45,7 @@ def test_a_missing_key_file_is_refused_with_the_fix(tmp_path):
 def stacks(tmp_path, monkeypatch):
     monkeypatch.setattr(supervisor_service, "STACKS_DIR", tmp_path / "stacks")
     monkeypatch.setattr(supervisor_service, "SYSTEMD_RUNTIME", tmp_path / "no-systemd")
+    monkeypatch.setattr(supervisor_service, "INSTALL_DIR", tmp_path / "supervisor")
     return tmp_path / "stacks"
 
 
@@ -81,9 +83,6 @@ def test_a_supervisor_that_cannot_run_stops_start_with_its_message(stacks, tmp_p
     says so instead of recording a dead process."""
     inv = tmp_path / "inv.yml"
     inv.write_text("all: [\n")
-    monkeypatch.setattr(supervisor_service, "command",
-                        lambda recipe, inventory: [str(REPO / ".venv" / "bin" / "ds4deploy"), "supervise",
-                                                   recipe.name, "--inventory", str(inventory)])
     with pytest.raises(UserError, match="did not start"):
         supervisor_service.start(load_recipe("cpu"), inv)
     assert not supervisor_service.Service(load_recipe("cpu")).record.exists()
@@ -94,7 +93,47 @@ def test_a_supervisor_that_cannot_run_stops_start_with_its_message(stacks, tmp_p
 def test_the_systemd_unit_runs_the_supervisor_and_stops_after_giving_up(tmp_path):
     from ds4deploy.operate.supervisor import GAVE_UP_EXIT
 
-    unit = supervisor_service.unit_text(load_recipe("cpu"), tmp_path / "inv.yml")
+    argv = [str(tmp_path / "venv" / "bin" / "ds4deploy"), "supervise", "cpu", "--inventory", str(tmp_path / "inv.yml")]
+    unit = supervisor_service.unit_text(load_recipe("cpu"), argv, tmp_path / "root")
     assert f"supervise cpu --inventory {tmp_path / 'inv.yml'}" in unit
+    assert f"WorkingDirectory={tmp_path / 'root'}" in unit
     assert "Restart=on-failure" in unit and f"RestartPreventExitStatus={GAVE_UP_EXIT}" in unit
     assert os.path.basename(unit.split("ExecStart=")[1].split()[0]) == "ds4deploy"
+
+
+def test_the_installed_supervisor_works_after_the_checkout_is_deleted(tmp_path, monkeypatch):
+    """`supervisor start` installs the supervisor apart from the checkout (/opt/ds4deploy/supervisor/<stack>/). Here
+    a first install stands in for a deploying clone: a second install made from it, the clone deleted, still loads
+    its code, recipe, renders and playbooks from its own copy and plans the restart's variables, with no path into
+    the deleted tree left in its scripts or import paths."""
+    inv = REPO / "ansible" / "inventories" / "local.yml"
+    monkeypatch.setattr(supervisor_service, "INSTALL_DIR", tmp_path / "clone")
+    (clone_argv, clone_root) = supervisor_service.install(load_recipe("cpu"), inv)
+    clone = tmp_path / "clone" / "cpu"
+    assert clone_root == clone / "root" and clone_argv[0] == str(clone / "venv" / "bin" / "ds4deploy")
+    code = ("import sys; from pathlib import Path; from ds4deploy.operate import service; "
+            "from ds4deploy.recipe.load import load_recipe; service.INSTALL_DIR = Path(sys.argv[1]); "
+            "print(service.install(load_recipe('cpu'), Path(sys.argv[2]))[0][0])")
+    p = subprocess.run([str(clone / "venv" / "bin" / "python"), "-c", code, str(tmp_path / "opt"),
+                        str(clone / "inventory.yml")], capture_output=True, text=True, check=True, cwd=tmp_path)
+    dest = tmp_path / "opt" / "cpu"
+    assert p.stdout.strip() == str(dest / "venv" / "bin" / "ds4deploy")
+    shutil.rmtree(tmp_path / "clone")  # the deploying checkout is gone
+
+    for script in ("ds4deploy", "ansible-playbook"):
+        assert (dest / "venv" / "bin" / script).read_text().splitlines()[0] == f"#!{dest / 'venv' / 'bin' / 'python3'}"
+    where = subprocess.run([str(dest / "venv" / "bin" / "python"), "-c", "import sys, ds4deploy; "
+                            "from ds4deploy.recipe.paths import REPO_ROOT; print(ds4deploy.__file__, REPO_ROOT)"],
+                           capture_output=True, text=True, check=True, cwd=tmp_path).stdout.split()
+    assert where == [str(dest / "root" / "ds4deploy" / "__init__.py"), str(dest / "root")]
+    # What restart.yml's first play runs on the control host: the plan from the installed recipe and inventory.
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "DS4_RECIPES_DIR")}
+    vars_run = subprocess.run([str(dest / "venv" / "bin" / "ds4deploy"), "vars", "cpu", "--inventory",
+                               str(dest / "inventory.yml"), "--scope", "operate"], capture_output=True, text=True,
+                              check=False, cwd=tmp_path, env=env)
+    assert vars_run.returncode == 0, vars_run.stderr[-2000:]
+    syntax = subprocess.run([str(dest / "venv" / "bin" / "ansible-playbook"), "--syntax-check", "-i",
+                             str(dest / "inventory.yml"), str(dest / "root" / "ansible" / "restart.yml")],
+                            capture_output=True, text=True, check=False, cwd=tmp_path,
+                            env={**env, "ANSIBLE_CONFIG": str(dest / "root" / "ansible" / "ansible.cfg")})
+    assert syntax.returncode == 0, syntax.stdout[-2000:] + syntax.stderr[-2000:]

@@ -31,19 +31,34 @@ def _output_cap(r: Recipe, hosts):
     return "pass", nums, ""
 
 
-@rule("coding-agent-fit", "a coding-agent recipe holds the agent's prompt plus output budget, and parses reasoning "
-      "when the agent asks for thinking",
-      "Claude Code sends max_tokens 32000 and a thinking block; vLLM answers 400 when prompt + max_tokens exceed "
-      "max_model_len, caps max_tokens at --override-generation-config max_new_tokens, and a thinking request needs "
-      "--reasoning-parser (README, pointing a coding agent at a deployment)",
+@rule("coding-agent-fit", "a coding-agent recipe holds the agent's prompt, as long as the agent lets it grow before "
+      "it compacts, plus its output budget, and parses reasoning when the agent asks for thinking",
+      "Claude Code sends max_tokens 32000 and a thinking block and compacts only near its auto-compact window "
+      "(CLAUDE_CODE_AUTO_COMPACT_WINDOW; unset, 1M tokens for a model it does not know); vLLM answers 400 when "
+      "prompt + max_tokens exceed max_model_len (anthropics/claude-code#62070), caps max_tokens at "
+      "--override-generation-config max_new_tokens, and a thinking request needs --reasoning-parser "
+      "(docs/sources.md#coding-agent-compaction; README, pointing a coding agent at a deployment)",
       lambda r: r.serving.coding_agent is not None)
 def _coding_agent(r: Recipe, hosts):
     a, ctx = r.serving.coding_agent, r.serving.max_model_len
-    need = a.output_tokens + a.prompt_tokens
-    nums = f"prompt {a.prompt_tokens} + output {a.output_tokens} = {need} tokens; max_model_len {ctx}"
-    if need > ctx:
-        return "fail", nums, (f"raise serving.max_model_len to at least {need}, or lower coding_agent.output_tokens "
+    window = a.window
+    set_by = "coding_agent.compact_window_tokens" if a.compact_window_tokens else "the client's default"
+    need = window + a.output_tokens
+    fits = ctx - a.output_tokens
+    nums = (f"auto-compact window {window} ({set_by}) + output {a.output_tokens} = {need} tokens; max_model_len "
+            f"{ctx}; first prompt {a.prompt_tokens}")
+    if a.prompt_tokens >= fits:
+        return "fail", nums, (f"raise serving.max_model_len to more than {a.prompt_tokens + a.output_tokens} (the "
+                              "agent's first prompt plus its output budget), or lower coding_agent.output_tokens "
                               "(the agent's max_tokens setting, e.g. CLAUDE_CODE_MAX_OUTPUT_TOKENS)")
+    if need > ctx:
+        return "fail", nums, (
+            f"set coding_agent.compact_window_tokens to at most {fits} (max_model_len - output) and tell clients to "
+            f"use it (Claude Code: CLAUDE_CODE_AUTO_COMPACT_WINDOW={fits}; README), or raise serving.max_model_len "
+            f"to at least {need}: otherwise every request fails with 400 once a session's prompt passes {fits} tokens")
+    if window <= a.prompt_tokens:
+        return "fail", nums, (f"raise coding_agent.compact_window_tokens above the first prompt ({a.prompt_tokens} "
+                              "tokens): the agent would compact on every turn")
     cap = r.serving.default_max_tokens
     if cap is not None and cap < a.output_tokens:
         return "fail", nums + f"; server output cap {cap}", (

@@ -1,0 +1,135 @@
+"""Is the engine working, idle or stuck? Read from the engine's own progress counters, per engine family.
+
+The supervisor (ds4deploy.supervise) must never restart an engine that is only busy: on a one-sequence recipe a
+probe request waits behind the user's request, and a long prefill prints nothing for minutes (docs/sources.md
+#supervisor-progress). So "stuck" is decided from what the engine itself reports:
+
+- a `Reading` is one look at the engine: how many requests it runs and queues (`load`), and a fingerprint of every
+  value that moves when the scheduler does work (token counters, the iteration counter, the KV-cache fill, the
+  running/waiting gauges themselves);
+- `ProgressWatch.judge` turns successive readings into a `Verdict`: ``idle`` (nothing running or queued: the
+  supervisor may send its one-token probe, which then waits behind no one), ``busy`` (work present and the
+  fingerprint moved within the recipe's bound ``serving.progress_bound_s``), ``stalled`` (work present and nothing
+  moved for the whole bound: restart), ``unreadable`` (no reading: the supervisor falls back to its probe).
+
+One family's reading lives in one function of `READERS`, keyed by `family` (the vLLM family reads /metrics, the
+Prometheus text format, with prometheus-client's own parser); a second family (llama.cpp: /metrics and /slots)
+adds its reader there and nothing else changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+# vLLM's Prometheus samples (vllm/v1/metrics/loggers.py, PrometheusStatLogger; docs/sources.md#vllm-health-metrics)
+# that move whenever the scheduler does work. Counters: prompt and generated tokens (counted when a request's first
+# token and each later one comes out), finished requests, preemptions, prefix-cache lookups (counted when a request
+# is scheduled), and the `_count` of the per-iteration token histogram (one observation per engine step that
+# produced tokens). Gauges: the KV-cache fill (moves with every chunk of a chunked prefill) and the scheduler's
+# running/waiting counts. Samples are summed over their labels (model name, engine index).
+VLLM_RUNNING = "vllm:num_requests_running"
+VLLM_WAITING = "vllm:num_requests_waiting"
+VLLM_PROGRESS = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:iteration_tokens_total_count",
+    "vllm:request_success_total",
+    "vllm:num_preemptions_total",
+    "vllm:prefix_cache_queries_total",
+    "vllm:kv_cache_usage_perc",
+    VLLM_RUNNING,
+    VLLM_WAITING,
+)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One look at the engine: `running` and `waiting` requests (counts) and `fingerprint`, the values that move
+    when it works (sample name -> value, units as the engine reports them: tokens, requests, a 0-1 fraction)."""
+
+    running: float
+    waiting: float
+    fingerprint: tuple[tuple[str, float], ...]
+
+    @property
+    def load(self) -> float:
+        """Requests the engine holds: running + waiting."""
+        return self.running + self.waiting
+
+
+def parse_vllm_metrics(text: str) -> Reading:
+    """A vLLM /metrics page (Prometheus text format) -> `Reading`.
+
+    Raises:
+        ValueError: the page is not Prometheus text, or lacks the running/waiting gauges (not a vLLM engine).
+    """
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in VLLM_PROGRESS:
+                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    if VLLM_RUNNING not in sums or VLLM_WAITING not in sums:
+        raise ValueError(f"no {VLLM_RUNNING} / {VLLM_WAITING} on the metrics page")
+    return Reading(sums[VLLM_RUNNING], sums[VLLM_WAITING], tuple(sorted(sums.items())))
+
+
+def read_vllm(url: str, key: str | None, timeout_s: float) -> Reading:
+    """GET <url>/metrics with the key; `parse_vllm_metrics` of the answer.
+
+    Raises:
+        httpx.HTTPError: no answer within `timeout_s`, or a status other than 200.
+        ValueError: see `parse_vllm_metrics`.
+    """
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout_s)
+    r.raise_for_status()
+    return parse_vllm_metrics(r.text)
+
+
+# Engine family (``engine.family``: every vLLM build, stock, CPU or fork, serves the same /metrics) -> reader(url of
+# the head's API, key, timeout in s) -> Reading. A family without a reader (llama.cpp, so far) falls back to the probe.
+READERS: dict[str, Callable[[str, str | None, float], Reading]] = {"vllm": read_vllm}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """`state`: "idle", "busy", "stalled" or "unreadable"; `detail`: one line for the journal."""
+
+    state: str
+    detail: str
+
+
+@dataclass
+class ProgressWatch:
+    """Successive readings -> `Verdict`. `bound_s`: seconds of no movement at all, with work present, that count as
+    stuck (the recipe's ``serving.progress_bound_s``). Times are the caller's monotonic clock, in seconds."""
+
+    bound_s: float
+    last: Reading | None = None
+    moved_at: float | None = None
+
+    def judge(self, reading: Reading | None, now: float, why: str = "") -> Verdict:
+        """Record `reading` (None: the engine gave none, `why` says why) taken at `now` and judge it."""
+        if reading is None:
+            return Verdict("unreadable", f"no progress reading ({why})" if why else "no progress reading")
+        if self.last is None or reading.fingerprint != self.last.fingerprint:
+            self.moved_at = now
+        self.last = reading
+        assert self.moved_at is not None
+        still = now - self.moved_at
+        work = f"{reading.running:g} running, {reading.waiting:g} waiting"
+        if reading.load == 0:
+            return Verdict("idle", f"idle ({work})")
+        if still >= self.bound_s:
+            return Verdict("stalled", f"{work}, no progress counter moved for {still:.0f} s "
+                                      f"(bound {self.bound_s:g} s)")
+        return Verdict("busy", f"{work}, last progress {still:.0f} s ago")
+
+    def moved_since(self, reading: Reading | None) -> bool:
+        """True when `reading` differs from the last judged one: the engine did some work in between (a probe that
+        timed out meanwhile waited behind someone else's request, it did not hit a frozen engine)."""
+        return reading is not None and self.last is not None and reading.fingerprint != self.last.fingerprint
