@@ -3,7 +3,7 @@ set -u
 REPO=$PWD; D=$(cd "$(dirname "$0")" && pwd); R=$OUT
 {
 date -u; nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit --format=csv; nvcc --version | tail -2
-mkdir -p /tmp/w && cd /tmp/w && tar -xzf "$D/llama.cpp-src.tar.gz" && cd llama.cpp
+mkdir -p /tmp/w && cd /tmp/w && tar -xzf "$D/llama.cpp-src.tar.gz" && cd llama.cpp || exit 2
 t0=$(date +%s)
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=OFF -DGGML_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_UI=OFF \
