@@ -133,7 +133,7 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 # (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline), and
 # deploys the two-node stack, breaks it three ways under the supervisor and starts a head alone (tests/multinode).
 # Each tier prints its wall time ("tier <name>: N s") and pytest its ten slowest tests.
-TIER = TIMEFORMAT="tier $(1): %0R s"; time
+TIER = tools/tier "$(1)"
 e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests/offline and tests/multinode
 	$(call TIER,deploy) $(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; \
@@ -145,8 +145,16 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 	exit $$status
 
 # The rehearsal last: its stand-in engines are built FROM the cpu engine image that e2e's deploy builds.
-test: lint unit e2e test-hosts ## lint, unit, e2e (offline, multinode), test-hosts, rehearse: what CI runs
-	@$(MAKE) --no-print-directory rehearse RECIPE=cpu
+test: venv ## lint, unit, e2e (offline, multinode), test-hosts, rehearse: what CI runs; each tier's wall time at the end
+	@mkdir -p .cache && : > .cache/tier-times
+	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; \
+	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && \
+	  $(call TIER,unit) $(MAKE) --no-print-directory unit && \
+	  $(MAKE) --no-print-directory e2e && \
+	  $(MAKE) --no-print-directory test-hosts && \
+	  $(MAKE) --no-print-directory rehearse RECIPE=cpu; } || rc=$$?; \
+	echo "== make test: wall time per tier =="; cat .cache/tier-times; \
+	awk -F': ' '{split($$2, n, " "); s += n[1]} END {print "total: " s " s"}' .cache/tier-times; exit $$rc
 
 # Lint and unit tests, no network and no Docker (the vLLM-parser tests run when .cache/engine-venv exists, which
 # `make unit` creates; without it they are skipped and say so). Under 3 minutes on the 2-core CI host.
