@@ -238,6 +238,31 @@ def files(spec: TinyModelSpec) -> dict[str, bytes]:
     }
 
 
+def write_changed(dest: Path, contents: dict[str, bytes]) -> list[str]:
+    """Write each ``name -> bytes`` of `contents` into `dest` (created if missing), touching only files whose bytes
+    differ; each to a temporary name in `dest`, then renamed into place, so a killed run never leaves a partial file
+    under a final name. Files are written in name order, mode 0644.
+
+    Returns:
+        The names of files that were created or replaced (empty when everything already matched).
+    Raises:
+        OSError: `dest` cannot be created or written (the callers turn it into their `UserError`).
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    changed = []
+    for name, data in sorted(contents.items()):
+        target = dest / name
+        if target.is_file() and target.read_bytes() == data:
+            continue
+        fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.", suffix=".part")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+        changed.append(name)
+    return changed
+
+
 def generate(dest: Path, spec: TinyModelSpec) -> list[str]:
     """Write the checkpoint into `dest`, touching only files whose bytes differ.
 
@@ -251,19 +276,7 @@ def generate(dest: Path, spec: TinyModelSpec) -> list[str]:
     """
     contents = files(spec)
     try:
-        dest.mkdir(parents=True, exist_ok=True)
-        changed = []
-        for name, data in sorted(contents.items()):
-            target = dest / name
-            if target.is_file() and target.read_bytes() == data:
-                continue
-            fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.", suffix=".part")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-            changed.append(name)
-        return changed
+        return write_changed(dest, contents)
     except PermissionError as exc:
         raise UserError(
             f"model directory {dest} is not writable ({exc.strerror})",

@@ -30,7 +30,6 @@ Generation is deterministic: the same spec gives byte-identical files.
 from __future__ import annotations
 
 import json
-import os
 import re
 import tempfile
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.model.tiny import write_changed
 
 ARCH = "deepseek4"
 # The gguf-split suffix of part 1 (`ds4deploy.engines.llamacpp.SPLIT_RE` names every part).
@@ -313,19 +313,7 @@ def generate(dest: Path, spec: TinyGgufSpec, chat_template: str) -> list[str]:
     """
     contents = files(spec, chat_template)
     try:
-        dest.mkdir(parents=True, exist_ok=True)
-        changed = []
-        for name, data in contents.items():
-            target = dest / name
-            if target.is_file() and target.read_bytes() == data:
-                continue
-            fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{name}.", suffix=".part")
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
-            changed.append(name)
-        return changed
+        return write_changed(dest, contents)
     except OSError as exc:
         raise UserError(f"could not write the tiny GGUF into {dest}: {exc.strerror}",
                         "make the directory writable, or choose another model.path in the recipe") from None
