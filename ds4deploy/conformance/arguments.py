@@ -310,31 +310,50 @@ def anthropic_tool_uses(events: list[dict]) -> tuple[list[dict], list[str], dict
     return [b for _i, b in sorted(blocks.items()) if b.get("type") == "tool_use"], bad, texts
 
 
+@dataclass(frozen=True)
+class AnthropicRound:
+    """One forced-tool Messages request, streamed or not: the tool_use blocks, each one's input as JSON text (the
+    joined ``input_json_delta`` fragments when streamed, the canonical ``input`` otherwise), the text and thinking
+    blocks' contents, the stop_reason, and what is wrong with the stream itself (event order, fragments)."""
+
+    uses: list[dict]
+    inputs: list[str]
+    texts: dict[str, str]
+    stop: str | None
+    problems: list[str]
+
+
+def anthropic_round(ctx: Context, body: dict, stream: bool) -> AnthropicRound | str:
+    """Send `body` to /v1/messages (as a stream when `stream`) and read its tool_use blocks.
+
+    Returns:
+        The round, or the error text when the server did not answer 200.
+    """
+    if stream:
+        status, events, err = anth_stream_events(ctx, body)
+        if status != 200:
+            return err
+        uses, problems, texts = anthropic_tool_uses(events)
+        stop = next((e["delta"].get("stop_reason") for e in events if e.get("type") == "message_delta"), None)
+        return AnthropicRound(uses, [u["json"] for u in uses], texts, stop, event_order_problems(events) + problems)
+    r = anth_post(ctx, body)
+    if r.status_code != 200:
+        return error_text(r.content, r.status_code)
+    msg = r.json()
+    uses = [b for b in msg["content"] if b.get("type") == "tool_use"]
+    texts = {k: "".join(b.get(k, "") for b in msg["content"] if b.get("type") == k) for k in ("text", "thinking")}
+    return AnthropicRound(uses, [canonical(u.get("input")) for u in uses], texts, msg.get("stop_reason"), [])
+
+
 def _anthropic_case(case: ArgCase) -> Callable[[Context, Mode], Outcome]:
     def run(ctx: Context, mode: Mode) -> Outcome:
         body = msg_body(ctx, temperature=0, max_tokens=ARG_MAX_TOKENS, messages=_ask(case),
                         tools=[case.anthropic_tool()], tool_choice={"type": "tool", "name": case.tool},
                         **ctx.template_kwargs(mode))
-        bad: list[str] = []
-        if mode.stream:
-            status, events, err = anth_stream_events(ctx, body)
-            if status != 200:
-                return Outcome(FAIL, f"args.{case.name} [{mode.label}]: {err}")
-            bad += event_order_problems(events)
-            uses, problems, texts = anthropic_tool_uses(events)
-            bad += problems
-            inputs = [u["json"] for u in uses]
-            stop = next((e["delta"].get("stop_reason") for e in events if e.get("type") == "message_delta"), None)
-        else:
-            r = anth_post(ctx, body)
-            if r.status_code != 200:
-                return Outcome(FAIL, f"args.{case.name} [{mode.label}]: {error_text(r.content, r.status_code)}")
-            msg = r.json()
-            uses = [b for b in msg["content"] if b.get("type") == "tool_use"]
-            inputs = [canonical(u.get("input")) for u in uses]
-            texts = {k: "".join(b.get(k, "") for b in msg["content"] if b.get("type") == k)
-                     for k in ("text", "thinking")}
-            stop = msg.get("stop_reason")
+        got = anthropic_round(ctx, body, mode.stream)
+        if isinstance(got, str):
+            return Outcome(FAIL, f"args.{case.name} [{mode.label}]: {got}")
+        bad, uses, inputs, texts, stop = list(got.problems), got.uses, got.inputs, got.texts, got.stop
         if len(uses) != 1:
             bad.append(f"{len(uses)} tool_use blocks, want exactly 1 of {case.tool}")
         for u, text in list(zip(uses, inputs, strict=True))[:1]:

@@ -24,8 +24,7 @@ from ds4deploy.bench.stream import error_text
 from ds4deploy.conformance.arguments import (
     ARG_CASES,
     ArgCase,
-    anthropic_tool_uses,
-    canonical,
+    anthropic_round,
     compare_arguments,
     compare_texts,
     diff_text,
@@ -241,23 +240,10 @@ def replay_anthropic(ctx: Context, mode: Mode) -> Outcome:
     body = msg_body(ctx, temperature=0, max_tokens=256, system=system, messages=messages, tools=tools,
                     tool_choice={"type": "tool", "name": FINAL.tool}, **ctx.template_kwargs(mode))
     label = f"replay.anthropic [{mode.label}]"
-    bad: list[str] = []
-    if mode.stream:
-        status, events, err = anth_stream_events(ctx, body)
-        if status != 200:
-            return Outcome(FAIL, f"{label}: {err}")
-        bad += event_order_problems(events)
-        uses, problems, texts = anthropic_tool_uses(events)
-        bad += problems
-        inputs = [u["json"] for u in uses]
-    else:
-        r = anth_post(ctx, body)
-        if r.status_code != 200:
-            return Outcome(FAIL, f"{label}: {error_text(r.content, r.status_code)}")
-        msg = r.json()
-        uses = [b for b in msg["content"] if b.get("type") == "tool_use"]
-        inputs = [canonical(u.get("input")) for u in uses]
-        texts = {k: "".join(b.get(k, "") for b in msg["content"] if b.get("type") == k) for k in ("text", "thinking")}
+    got = anthropic_round(ctx, body, mode.stream)
+    if isinstance(got, str):
+        return Outcome(FAIL, f"{label}: {got}")
+    bad, uses, inputs, texts = list(got.problems), got.uses, got.inputs, got.texts
     if len(uses) != 1 or uses[0].get("name") != FINAL.tool:
         bad.append(f"tool_use blocks {[u.get('name') for u in uses]}, want exactly one {FINAL.tool}")
     key = ("replay-anthropic", mode.thinking)
