@@ -186,7 +186,7 @@ bench-stack: venv ## [COLD=1|KEEP=1] [PART=front-door] packaging cost: deployed 
 	$(BIN)/python -m tools.benchval.stack --recipe $(RECIPE) $(if $(COLD),--cold) $(if $(PART),--part $(PART)) \
 	  $(if $(KEEP),--keep-deploy) $(if $(REPEATS),--repeats $(REPEATS)) $(if $(REQUESTS),--requests $(REQUESTS))
 
-# The harness against `vllm bench serve` on the deployed stack (make deploy first) -> docs/bench-harness.{md,json}.
+# The harness against `vllm bench serve` on the deployed stack (make deploy first) -> docs/bench-harness.md, docs/results/bench-harness.json.
 bench-harness: venv ## [RECIPE=cpu] [REPEATS=6] the harness vs `vllm bench serve` -> docs/bench-harness.md
 	$(BIN)/python -m tools.benchval.trust --recipe $(RECIPE) $(if $(URL),--url $(URL)) \
 	  $(if $(KEY_FILE),--key-file $(KEY_FILE)) $(if $(REPEATS),--repeats $(REPEATS))

@@ -10,7 +10,7 @@ tests/unit/test_import_graph.py, which reads the line below):
 - core: errors, strict YAML reading, addresses, file locks, the secret detector.
 - parsers: pure functions from captured tool output (nvidia-smi, ib_write_bw, nccl-tests, show_gids) to data.
 - recipe: the schema, recipe files, ``extends:`` and variants, model limits, engine replicas per node.
-- engines: each engine family's command line and environment (vLLM today); what is family-specific lives here.
+- engines: each engine family's command line and environment (vLLM, llama.cpp); what is family-specific lives here.
 - model: manifests, hub pins, download, verification and staging of model files; the tiny generated model.
 - build: engine image build contexts, locked downloads, the host engine venv.
 - render: committed renders (compose files, env files, the front door's nginx config) and the recipe index.

@@ -33,14 +33,10 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.schema import Recipe
 
 CONTAINER_MODEL_DIR = "/model"
-SERVER_BINARY = "llama-server"
 FLAGS_FILE = Path(__file__).with_name("llamacpp_flags.json")
 # llama-server's health route: 200 {"status": "ok"} once the model is loaded, 503 while loading
 # (tools/server/README.md "GET /health").
 HEALTH_PATH = "/health"
-# Prometheus counters llama-server exports with --metrics (tools/server/server-context.cpp, "llamacpp:" prefix).
-PROMPT_TOKENS_TOTAL = "llamacpp:prompt_tokens_total"
-PREDICTED_TOKENS_TOTAL = "llamacpp:tokens_predicted_total"
 # gguf-split part names (tools/gguf-split, llama_split_path): <prefix>-00001-of-00005.gguf.
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
@@ -162,32 +158,3 @@ def server_env(recipe: Recipe) -> dict[str, str]:
     """The container's environment: ``engine.env`` (the key comes from the key file as ``LLAMA_API_KEY``, never
     here)."""
     return dict(sorted(recipe.engine.env.items()))
-
-
-def progress(metrics_text: str) -> dict[str, float]:
-    """The prompt and generated token counters from llama-server's ``/metrics`` (Prometheus text).
-
-    Returns:
-        ``{"prompt_tokens_total": float, "generation_tokens_total": float}`` (keys missing when not exported).
-    """
-    out = {}
-    for line in metrics_text.splitlines():
-        name, _, value = line.partition(" ")
-        if name == PROMPT_TOKENS_TOTAL:
-            out["prompt_tokens_total"] = float(value)
-        elif name == PREDICTED_TOKENS_TOTAL:
-            out["generation_tokens_total"] = float(value)
-    return out
-
-
-def busy_slots(slots: list[dict]) -> int:
-    """Slots processing a request, from ``GET /slots`` (each slot's ``is_processing``)."""
-    return sum(1 for s in slots if s.get("is_processing"))
-
-
-def timings(body: dict) -> dict[str, float | None]:
-    """llama-server's own per-request timings from a non-streamed response's ``timings`` object: prompt tokens
-    evaluated (``prompt_n``, cached tokens excluded), prefill tok/s, generated tokens, decode tok/s."""
-    t = body.get("timings") or {}
-    return {"prompt_n": t.get("prompt_n"), "prefill_tok_s": t.get("prompt_per_second"),
-            "predicted_n": t.get("predicted_n"), "decode_tok_s": t.get("predicted_per_second")}

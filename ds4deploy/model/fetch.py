@@ -3,7 +3,7 @@
 Flow of `fetch_model(recipe, dest, manifest)`:
 
 1. Pin: the manifest must record a full 40-hex commit that starts with the recipe's ``model.revision`` (a 7-40
-   hex prefix is allowed in the recipe, `ds4deploy.recipe.Model`), and the hub must resolve the recipe's pin to
+   hex prefix is allowed in the recipe, `ds4deploy.recipe.schema.Model`), and the hub must resolve the recipe's pin to
    exactly that commit now (`ds4deploy.model.hub.resolve_revision`). Files are downloaded from the full commit, never
    from the prefix.
 2. What is already there: files in `dest` that verify (`ds4deploy.model.verify`, sidecar-fast) are kept; the rest are

@@ -290,7 +290,7 @@ def generate(dest: Path, spec: TinyModelSpec) -> list[str]:
 
 
 def generator_spec(recipe) -> TinyModelSpec:
-    """The `TinyModelSpec` of a ``generated`` recipe (a `ds4deploy.recipe.Recipe`).
+    """The `TinyModelSpec` of a ``generated`` recipe (a `ds4deploy.recipe.schema.Recipe`).
 
     Raises:
         UserError: the recipe's model is not generated.

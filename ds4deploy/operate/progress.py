@@ -1,6 +1,6 @@
 """Is the engine working, idle or stuck? Read from the engine's own progress counters, per engine family.
 
-The supervisor (ds4deploy.supervise) must never restart an engine that is only busy: on a one-sequence recipe a
+The supervisor (ds4deploy.operate.supervisor) must never restart an engine that is only busy: on a one-sequence recipe a
 probe request waits behind the user's request, and a long prefill prints nothing for minutes (docs/sources.md
 #supervisor-progress). So "stuck" is decided from what the engine itself reports:
 

@@ -158,7 +158,7 @@ class Target:
         family): (reading, "") or (None, why not)."""
         reader = READERS.get(self.recipe.engine.family)
         if reader is None:
-            return None, f"no progress reader for engine flavor {self.recipe.engine.flavor}"
+            return None, f"no progress reader for engine family {self.recipe.engine.family}"
         try:
             return reader(self.url, self.key, timeout_s), ""
         except httpx.HTTPError as exc:

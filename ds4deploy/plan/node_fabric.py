@@ -30,7 +30,7 @@ from ds4deploy.recipe.schema import HCA_RE, HCA_RULE, NETDEV_RE, NETDEV_RULE, Ra
 # names it overrides.
 FACT_KEYS = ("address", "mtu")
 OVERRIDE_KEYS = ("netdev", "hcas")
-# One rule for netdev and HCA names, the recipe's rails and a node's overrides alike (ds4deploy.recipe.NETDEV_RE,
+# One rule for netdev and HCA names, the recipe's rails and a node's overrides alike (ds4deploy.recipe.schema.NETDEV_RE,
 # HCA_RE: the sources are there).
 _NETDEV = re.compile(NETDEV_RE)
 _HCA = re.compile(HCA_RE)

@@ -180,8 +180,9 @@ def index_markdown(recipes: list[Recipe] | None = None, predict: Callable[[Recip
         "KV cache holds of max_num_seqs (docs/estimator.md). *serves here*: deployed and tested on this "
         "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
         "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
-        "tests/rehearse); *engine checked here*: `make llamacpp` runs the recipe's exact llama-server argv in the real "
-        "CPU engine on a tiny GGUF of the model's architecture and file layout (tests/llamacpp); *needs the "
+        "tests/rehearse); *engine check by hand*: `make llamacpp` (not part of `make test` yet) runs the recipe's "
+        "exact llama-server argv in the real CPU engine on a tiny GGUF of the model's architecture and file layout "
+        "(tests/llamacpp); *needs the "
         "hardware*: the steps are what an owner of that hardware still has to do, in order.",
         "",
         "| Recipe | Hardware (per node) | Model | Engine | Nodes | Expected decode tok/s | Predicted decode tok/s; "
@@ -200,7 +201,7 @@ def index_markdown(recipes: list[Recipe] | None = None, predict: Callable[[Recip
 def check_inputs(recipes: list[Recipe]) -> None:
     """Read every input the index is generated from, through the same readers a deploy uses, before anything is
     written: each recipe with its variants (`load_recipe` validates them), each committed model manifest
-    (`ds4deploy.manifest.load_manifest`) and image lock (`ds4deploy.artifacts.load_lock`).
+    (`ds4deploy.model.manifest.load_manifest`) and image lock (`ds4deploy.build.artifacts.load_lock`).
 
     Raises:
         UserError: the first input that is invalid, named with its file and the fix.

@@ -97,7 +97,8 @@ def cpuinfo(recipe: Recipe) -> str:
 
 def ram_kib(recipe: Recipe) -> int:
     """The stand-in's RAM (KiB): the recipe's minimum plus 5 %. Split over its NUMA nodes it also covers
-    hardware.ram_per_numa_gib, which the schema keeps within min_ram_gib / numa_nodes (ds4deploy.recipe.Hardware)."""
+    hardware.ram_per_numa_gib, which the schema keeps within min_ram_gib / numa_nodes
+    (ds4deploy.recipe.schema.Hardware)."""
     return int(recipe.hardware.min_ram_gib * 1.05 * 1024 * 1024)
 
 

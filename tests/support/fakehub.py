@@ -281,7 +281,7 @@ class FakeHub:
 
 
 class HeldClock:
-    """A clock for the fetch stall watchdog (`ds4deploy.fetch.download_watched`'s `clock`): real seconds, plus
+    """A clock for the fetch stall watchdog (`ds4deploy.model.fetch.download_watched`'s `clock`): real seconds, plus
     `step` seconds every time it is read while `hub` holds a transfer back (`FakeHub.held`). The watchdog then sees
     its production window pass during a real hold after a few reads, and never while bytes flow, however slow the
     host: no test waits out a stall window in real time.

@@ -634,7 +634,7 @@ def write_doc(res: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the three measurements and write docs/bench-harness.{md,json}."""
+    """Run the three measurements and write docs/bench-harness.md and docs/results/bench-harness.json."""
     p = argparse.ArgumentParser(prog="python -m tools.benchval.trust", description=__doc__.splitlines()[0])
     p.add_argument("--recipe", default="cpu")
     p.add_argument("--url", help="server base URL (default: the recipe's serving address and port)")

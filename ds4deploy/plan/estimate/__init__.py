@@ -195,7 +195,8 @@ def index_cell(recipe: Recipe) -> str:
     try:
         cap = capacity(recipe)
     except UserError as exc:
-        return f"- ({exc.cause.split(':')[0]})"
+        why = exc.cause.removeprefix(f"recipe '{recipe.name}': ")
+        return f"- ({why.split(' (')[0].split(';')[0]})"
     kv = cap.kv
     seqs = recipe.serving.max_num_seqs
     if kv.sessions is None:

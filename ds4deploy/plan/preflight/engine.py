@@ -23,10 +23,6 @@ SOURCE = ("the pinned engine's registry, ds4deploy/engines/registry/<engine.name
           "the engine's source at the pin (each file lists the repository, commit and paths)")
 
 
-def _has_registry(r: Recipe) -> bool:
-    return registry_path(r).is_file()
-
-
 def _no_registry(r: Recipe) -> tuple[str, str, str]:
     return ("unknown", f"engine pin {engine_pin(r)} has no registry file ({registry_path(r).name})",
             f"record what the engine registers in ds4deploy/engines/registry/{engine_pin(r)}.yaml (read from its "
