@@ -30,9 +30,9 @@ from functools import cache
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.engines.common import CONTAINER_MODEL_DIR, listen_host
 from ds4deploy.recipe.schema import Recipe
 
-CONTAINER_MODEL_DIR = "/model"
 FLAGS_FILE = Path(__file__).with_name("llamacpp_flags.json")
 # llama-server's health route: 200 {"status": "ok"} once the model is loaded, 503 while loading
 # (tools/server/README.md "GET /health").
@@ -70,14 +70,6 @@ def gguf_parts(file: str, parts: int) -> list[str]:
                         f"name part 1, <stem>-00001-of-{parts:05d}.gguf: llama-server is pointed at it and opens "
                         "the others by name")
     return [f"{m['stem']}-{i:05d}-of-{parts:05d}.gguf" for i in range(1, parts + 1)]
-
-
-def listen_host(recipe: Recipe) -> str:
-    """Address llama-server binds: all interfaces of its own container with bridge networking, loopback behind the
-    front door with host networking, else the recipe's bind address (as `ds4deploy.engines.vllm.listen_host`)."""
-    if recipe.serving.network_mode == "bridge":
-        return "0.0.0.0"  # noqa: S104
-    return "127.0.0.1" if recipe.serving.front_door is not None else recipe.serving.bind_address
 
 
 def context_tokens(recipe: Recipe) -> int:

@@ -22,6 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.yamlio import load_json
+from ds4deploy.engines.llamacpp import SPLIT_RE
 from ds4deploy.recipe import paths as recipe_paths
 from ds4deploy.recipe.schema import Recipe
 
@@ -76,10 +77,8 @@ _HEX = {"sha256": re.compile(r"^[0-9a-f]{64}$"), "git_sha1": re.compile(r"^[0-9a
 FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
-# A GGUF split in parts by llama.cpp's gguf-split: <stem>-<index>-of-<count>.gguf, both five digits, index from 1
-# (llama.cpp src/llama.cpp llama_split_path: "%s-%05d-of-%05d.gguf"). The engine is given part 1 and opens the
-# others itself, so every part 1..count must be there and no other.
-_SPLIT_GGUF = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.gguf$")
+# A GGUF split in parts by llama.cpp's gguf-split (`ds4deploy.engines.llamacpp.SPLIT_RE`): the engine is given
+# part 1 and opens the others itself, so every part 1..count must be there and no other.
 
 
 def split_gguf_problems(names: list[str]) -> list[str]:
@@ -88,9 +87,9 @@ def split_gguf_problems(names: list[str]) -> list[str]:
     all its parts (or there is none)."""
     groups: dict[str, dict[int, set[int]]] = {}
     for name in names:
-        m = _SPLIT_GGUF.match(name)
+        m = SPLIT_RE.match(name)
         if m:
-            groups.setdefault(m["stem"], {}).setdefault(int(m["n"]), set()).add(int(m["i"]))
+            groups.setdefault(m["stem"], {}).setdefault(int(m["count"]), set()).add(int(m["no"]))
     out = []
     for stem, by_count in sorted(groups.items()):
         if len(by_count) > 1:

@@ -30,7 +30,6 @@ Generation is deterministic: the same spec gives byte-identical files.
 from __future__ import annotations
 
 import json
-import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,8 +40,6 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.model.tiny import write_changed
 
 ARCH = "deepseek4"
-# The gguf-split suffix of part 1 (`ds4deploy.engines.llamacpp.SPLIT_RE` names every part).
-SPLIT_STEM = re.compile(r"-00001-of-\d{5}\.gguf$")
 # LLAMA_EXPERT_GATING_FUNC_TYPE_SQRT_SOFTPLUS (src/llama-hparams.h); the deepseek4 loader refuses any other.
 GATING_SQRT_SOFTPLUS = 4
 # llama_token_type (include/llama.h): NORMAL 1, CONTROL 3.

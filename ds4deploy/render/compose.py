@@ -37,7 +37,8 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.core.net import base_url, url_host
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.engines import command, engine_args, engine_env, health_test
-from ds4deploy.engines.vllm import CONTAINER_MODEL_DIR, FABRIC_ENV, listen_host
+from ds4deploy.engines.common import CONTAINER_MODEL_DIR, listen_host
+from ds4deploy.engines.vllm import FABRIC_ENV
 from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Recipe
 from ds4deploy.render import front_door

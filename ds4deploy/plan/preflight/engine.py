@@ -194,7 +194,7 @@ def _cuda(r: Recipe, hosts):
 def model_mount_paths(r: Recipe) -> list[tuple[str, str]]:
     """Every path inside the model mount the engine is given, ``(where, path relative to the mount)``: the model
     file (``model.file``), ``serving.extra_args`` values and ``engine.env`` values under ``/model/``."""
-    from ds4deploy.engines.vllm import CONTAINER_MODEL_DIR
+    from ds4deploy.engines.common import CONTAINER_MODEL_DIR
 
     prefix = CONTAINER_MODEL_DIR + "/"
     out = [("model.file", r.model.file)] if r.model.file else []

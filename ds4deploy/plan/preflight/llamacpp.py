@@ -1,9 +1,10 @@
 """The llama.cpp family's rules: the GGUF the recipe names, the flags the pinned llama-server knows, and the Volta
 limits the V100 owner found (docs/sources.md#v100x8-llamacpp).
 
-The GGUF parts on disk are checked where a directory is given (`gguf_parts_problem`: the deploy's model staging and
-the engine rehearsal call it with the node's or the test's model directory): every part present, numbered 1..N of
-N, each a GGUF file whose ``split.no`` is its position.
+`gguf_parts_problem` checks the GGUF parts in a directory as the loader will read them: every part present,
+numbered 1..N of N, each a GGUF file whose ``split.no`` is its position. The model staging of this family is not
+wired yet (its deploy is refused), so today only its tests call it; the committed manifest's part names are checked
+by `ds4deploy.model.manifest.split_gguf_problems`.
 """
 
 from __future__ import annotations
