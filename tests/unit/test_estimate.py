@@ -178,8 +178,8 @@ def test_unreadable_model_config_is_refused(recipe_dir, tmp_path):
     path = _sm86_copy(recipe_dir)
     path.write_text(path.read_text().replace("/var/lib/ds4deploy/models/DeepSeek-V4-Flash-0731", str(model)))
     err = _cli_error(run_cli("estimate", SM86, env_dir=recipe_dir))
-    assert str(model / "config.json") in err and "cannot be read as JSON" in err
-    with pytest.raises(UserError, match="cannot be read as JSON"):
+    assert str(model / "config.json") in err and "is not valid JSON" in err
+    with pytest.raises(UserError, match="is not valid JSON"):
         est.capacity(load_recipe(path))
 
 

@@ -26,7 +26,6 @@ stages (one extra stage time to fill the pipe).
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 
 import ds4deploy.plan.estimate.constants as C
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.yamlio import load_json
 from ds4deploy.recipe.schema import Recipe
 
 GIB = 2**30
@@ -74,11 +74,12 @@ class Card:
 
 
 def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"the model config {path} cannot be read as JSON: {exc}",
-                        "restore the checkpoint's config.json (or the model card) and run again") from None
+    """A model config or card, through the bounded reader every user file goes through (`core.yamlio.load_json`).
+
+    Raises:
+        UserError: unreadable, not JSON, or not a JSON object.
+    """
+    data = load_json(path, "restore the checkpoint's config.json (or the model card) and run again")
     if not isinstance(data, dict):
         raise UserError(f"the model config {path} is not a JSON object", "restore the checkpoint's config.json")
     return data
@@ -159,7 +160,7 @@ def checkpoint_bytes(recipe: Recipe) -> tuple[float, str]:
 
     path = manifest_path(recipe)
     if path.is_file():
-        files = json.loads(path.read_text(encoding="utf-8")).get("files", {})
+        files = load_json(path, f"restore {path.name} from git, or lock the model again").get("files", {})
         size = sum(e.get("size", 0) for n, e in files.items() if n.endswith((".safetensors", ".gguf")))
         if size:
             return float(size), f"{path.name} (weight files)"
