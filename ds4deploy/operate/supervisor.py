@@ -59,7 +59,7 @@ from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.operate.progress import READERS, ProgressWatch, Reading
 from ds4deploy.plan.nodes import Node, plan_from_inventory
 from ds4deploy.recipe.paths import REPO_ROOT
-from ds4deploy.recipe.schema import Recipe
+from ds4deploy.recipe.schema import Recipe, Serving
 
 GAVE_UP_EXIT = 3
 UNKNOWN = "unknown"  # prefix of a node state when its Docker daemon did not answer (`Target.container_states`)
@@ -85,7 +85,7 @@ class Policy:
     max_restarts: int = 5
     window_s: float = 3600
     restart_timeout_s: float = 3600
-    progress_bound_s: float = 600
+    progress_bound_s: float = Serving.model_fields["progress_bound_s"].default
 
 
 @dataclass
