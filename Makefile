@@ -158,9 +158,10 @@ test: venv ## lint, unit, e2e (offline, multinode), test-hosts, rehearse: what C
 
 # Lint and unit tests, no network and no Docker (the vLLM-parser tests run when .cache/engine-venv exists, which
 # `make unit` creates; without it they are skipped and say so). Under 3 minutes on the 2-core CI host.
-check-fast: venv ## lint + unit tests only: no network, no Docker (for every change)
+check-fast: venv ## lint + the unit tests that start no engine (`make unit` runs those too): no Docker, for every change
 	@$(call TIER,lint) $(MAKE) --no-print-directory lint
-	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) --durations=10 tests/unit
+	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine" --durations=10 \
+	  tests/unit
 
 base-image: ## Debian bookworm base via debootstrap (no registry needed)
 	images/base/build-base.sh

@@ -72,3 +72,16 @@ async def chat_server(handler) -> AsyncIterator[tuple[str, int]]:
         yield f"http://127.0.0.1:{port}/v1/chat/completions", port
     finally:
         await runner.cleanup()
+
+
+# Fixtures that start the real engine from the engine venv: a bare vLLM CPU server (test_conformance.py `server`)
+# or the pinned DeepSeek V4 parsers run inside it (test_conformance_parsers.py `raw`). Minutes each on two cores:
+# `make unit` (and so `make test`) runs them; `make check-fast` leaves them out with -m "not engine".
+ENGINE_FIXTURES = frozenset({"server", "raw"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that uses an `ENGINE_FIXTURES` fixture ``engine``."""
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
