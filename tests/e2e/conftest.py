@@ -8,6 +8,7 @@ the main deploy of `make test`, so the engine image is already built.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -37,11 +38,17 @@ class Scratch:
         data["serving"]["port"] = 8093  # never the port of the main deploy
         edit(data)
         (self.recipes / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-        shutil.copy(self.recipes / "cpu.manifest.json", self.recipes / f"{name}.manifest.json")
+        self.copy_manifest(name)
         if render:
             subprocess.run([str(VENV_BIN / "ds4deploy"), "render", name], env=self.env, check=True,
                            capture_output=True)
         return name
+
+    def copy_manifest(self, name: str) -> None:
+        """The cpu recipe's model manifest as recipe `name`'s: the same files, recorded for `name` (a manifest names
+        the recipe it was locked for, and the deploy refuses one copied from another recipe)."""
+        manifest = json.loads((self.recipes / "cpu.manifest.json").read_text())
+        (self.recipes / f"{name}.manifest.json").write_text(json.dumps({**manifest, "recipe": name}, indent=2) + "\n")
 
     def deploy(self, name: str, *extra: str, timeout: int = 900) -> subprocess.CompletedProcess:
         return subprocess.run(["make", "--no-print-directory", "deploy", f"RECIPE={name}", *extra], cwd=REPO,
@@ -52,7 +59,7 @@ class Scratch:
         copy of the cpu recipe's model manifest."""
         (self.recipes / f"{name}.yaml").write_text(yaml.safe_dump({**data, "name": name}, sort_keys=False))
         if manifest:
-            shutil.copy(self.recipes / "cpu.manifest.json", self.recipes / f"{name}.manifest.json")
+            self.copy_manifest(name)
         subprocess.run([str(VENV_BIN / "ds4deploy"), "render", name], env=self.env, check=True, capture_output=True)
         return name
 

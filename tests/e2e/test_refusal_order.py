@@ -212,15 +212,15 @@ def test_port_taken(scratch):
         _refused(scratch, name, "port 8093", "already in use", "Fix: stop that process")
 
 
-@pytest.mark.parametrize(("gpus", "needle"), [
-    (["NVIDIA GeForce RTX 3090, 8.6", "NVIDIA GeForce RTX 3090, 8.6"], "has 2 NVIDIA GPU(s)"),
-    (["Tesla V100-SXM2-32GB, 7.0"], "Tesla V100-SXM2-32GB compute 7.0"),
-])
-def test_gpu_count_or_architecture_mismatch(scratch, tmp_path, gpus, needle):
+def test_a_gpu_recipe_on_an_engine_built_for_no_gpu(scratch, tmp_path):
+    """The cpu engine with a declared sm86 GPU: the rule book's engine-cuda refuses it (the pinned engine is built for
+    no GPU) before any node is read or changed, whatever GPUs the node has. The node's own GPU check (count and
+    compute capability against the recipe) is proven on the test hosts with a GPU recipe
+    (tests/hosts/test_bad_input_netns.py `test_one_node_with_other_gpus_stops_both_before_any_rail_changes`)."""
     name = scratch.write("e2e-order-gpu", _cpu(gpus={"count": 1, "arch": "sm86",
                                                      "model": "NVIDIA GeForce RTX 3090"}))
-    _refused(scratch, name, needle, "needs 1 sm86 GPU(s) (compute capability 8.6)", "Fix: deploy the recipe made",
-             env=_nvidia_smi(tmp_path, *gpus))
+    _refused(scratch, name, "engine-cuda", "the recipe's GPUs are sm86",
+             env=_nvidia_smi(tmp_path, "NVIDIA GeForce RTX 3090, 8.6"))
 
 
 def test_local_model_missing_on_the_node(scratch):
