@@ -81,8 +81,8 @@ BUSY_LOAD_S = 60
 
 def test_a_busy_engine_is_not_restarted(tmp_path):
     """Keep every sequence of the engine busy with a queue behind it for longer than the probe timeout (a one-token
-    request sent meanwhile waits longer than it), with a supervisor that probes every 2 s allowed 5 s: it sees the
-    restarts nothing."""
+    request sent meanwhile waits longer than it), with a supervisor that probes every 2 s allowed 5 s: it restarts
+    nothing."""
     import threading
 
     url = f"http://127.0.0.1:{DV['ds4_port']}"
