@@ -53,7 +53,6 @@ from pathlib import Path
 import httpx
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.secret_scan import redact
 from ds4deploy.operate.incidents import Incident, collect, docker_env, node_project
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.operate.progress import READERS, ProgressWatch, Reading
@@ -90,21 +89,18 @@ class Policy:
 
 @dataclass
 class Journal:
-    """Append-only JSON-lines record of what the supervisor saw and did. Every line goes through the secret
-    detector's `redact` first (an error text can carry a URL with a password or an Authorization header)."""
+    """Append-only JSON-lines record of what the supervisor saw and did."""
 
     path: Path
 
     def write(self, event: str, **fields) -> dict:
-        """Append one record (time, event, `fields`) and print it; returns the record as written (redacted)."""
         rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "t": round(time.time(), 3),
                "event": event, **fields}
-        line = redact(json.dumps(rec))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
-        print(line, flush=True)
-        return json.loads(line)
+            fh.write(json.dumps(rec) + "\n")
+        print(json.dumps(rec), flush=True)
+        return rec
 
 
 @dataclass
