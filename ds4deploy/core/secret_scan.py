@@ -137,6 +137,16 @@ def strip_userinfo(url: str) -> str:
     return _USERINFO.sub(lambda m: m.group("scheme"), url)
 
 
+def redact_shapes(text: str) -> str:
+    """`text` with the known credential shapes masked (`TOKEN_SHAPES` as ``<redacted>``, URL userinfo removed), but
+    not high-entropy runs: for log lines, which name incident folders, digests and request ids that the entropy rule
+    would mask."""
+    text = strip_userinfo(text)
+    for _, rx in TOKEN_SHAPES:
+        text = rx.sub("<redacted>", text)
+    return text
+
+
 def redact(text: str) -> str:
     """`text` with every credential shape masked (`TOKEN_SHAPES` matches and high-entropy runs as ``<redacted>``,
     URL userinfo removed): applied to every message before it is printed."""

@@ -53,6 +53,7 @@ from pathlib import Path
 import httpx
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.secret_scan import redact_shapes
 from ds4deploy.operate.incidents import Incident, collect, docker_env, node_project
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.operate.progress import READERS, ProgressWatch, Reading
@@ -89,18 +90,21 @@ class Policy:
 
 @dataclass
 class Journal:
-    """Append-only JSON-lines record of what the supervisor saw and did."""
+    """Append-only JSON-lines record of what the supervisor saw and did. Every line goes through the secret
+    detector's `redact_shapes` first (an error text can carry a URL with a password or an Authorization header)."""
 
     path: Path
 
     def write(self, event: str, **fields) -> dict:
+        """Append one record (time, event, `fields`) and print it; returns the record as written."""
         rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "t": round(time.time(), 3),
                "event": event, **fields}
+        line = redact_shapes(json.dumps(rec))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(rec) + "\n")
-        print(json.dumps(rec), flush=True)
-        return rec
+            fh.write(line + "\n")
+        print(line, flush=True)
+        return json.loads(line)
 
 
 @dataclass

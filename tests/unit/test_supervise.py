@@ -352,3 +352,16 @@ def test_without_counters_the_probe_decides(tmp_path):
     _rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=3)
     assert len(group.restarts) == 1
     assert next(e for e in events if e["event"] == "engine")["state"] == "unreadable"
+
+
+def test_the_journal_never_records_a_secret_and_keeps_paths(tmp_path, capsys):
+    """A detail that carries a URL password or an Authorization header (an HTTP error text, say) is written and
+    printed masked; an incident folder's path (a timestamped name the entropy rule would take for a token) is kept."""
+    journal = Journal(tmp_path / "sup.jsonl")
+    token = "sk-" + "Q7fz9KpL2mXw4RtY8vBn6cHj3dGs5aEu"
+    folder = "/var/lib/ds4deploy/incidents/cpu-2node-tp/20261201T161530Z-engine-down"
+    rec = journal.write("failure", detail=f"GET https://ops:hunter2pass@mirror.example/health: 401; "
+                                          f"Authorization: Bearer {token}", incident=folder, seconds=3.5)
+    written = (tmp_path / "sup.jsonl").read_text() + capsys.readouterr().out
+    assert "hunter2pass" not in written and token not in written
+    assert rec["incident"] == folder and rec["seconds"] == 3.5 and "mirror.example/health: 401" in rec["detail"]
