@@ -499,7 +499,8 @@ def cmd_supervise(ns: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     recipe = load_recipe(ns.recipe)
     policy = Policy(interval_s=ns.interval, failures_to_restart=ns.failures, probe_every_s=ns.probe_every,
-                    probe_timeout_s=ns.probe_timeout, max_restarts=ns.max_restarts, window_s=ns.window,
+                    probe_timeout_s=ns.probe_timeout, reading_timeout_s=ns.reading_timeout,
+                    max_restarts=ns.max_restarts, window_s=ns.window,
                     backoff_s=ns.backoff, progress_bound_s=(
                         recipe.serving.progress_bound_s if ns.progress_bound is None else ns.progress_bound))
     journal = Journal(Path(ns.journal or f"/var/lib/ds4deploy/supervise/{recipe.name}.jsonl"))
@@ -767,21 +768,30 @@ def build_parser() -> argparse.ArgumentParser:
     ic.add_argument("--keep", type=int, default=20, help="incident folders kept per recipe (default %(default)s)")
     ic.set_defaults(func=cmd_incident_collect)
 
+    from ds4deploy.operate.supervisor import Policy  # its defaults are the flags' defaults (one source)
+
     sv = sub.add_parser("supervise", help="restart a deployed node group in order when it dies, turns unhealthy "
                         "or stops making progress")
     sv.add_argument("recipe")
     sv.add_argument("--inventory", default="ansible/inventories/local.yml")
     sv.add_argument("--url", help="the head's API (default: from the recipe and inventory)")
     sv.add_argument("--journal", help="JSON-lines journal (default /var/lib/ds4deploy/supervise/<recipe>.jsonl)")
-    sv.add_argument("--interval", type=float, default=10, help="seconds between checks")
-    sv.add_argument("--failures", type=int, default=2, help="failed /health checks in a row before a restart")
-    sv.add_argument("--probe-every", type=float, default=30, help="seconds between progress probes")
-    sv.add_argument("--probe-timeout", type=float, default=60, help="seconds a one-token completion may take")
+    sv.add_argument("--interval", type=float, default=Policy.interval_s, help="seconds between checks")
+    sv.add_argument("--failures", type=int, default=Policy.failures_to_restart,
+                    help="failed /health checks in a row before a restart")
+    sv.add_argument("--probe-every", type=float, default=Policy.probe_every_s,
+                    help="seconds between progress probes of an idle engine")
+    sv.add_argument("--probe-timeout", type=float, default=Policy.probe_timeout_s,
+                    help="seconds a one-token completion may take")
+    sv.add_argument("--reading-timeout", type=float, default=Policy.reading_timeout_s,
+                    help="seconds the engine's /metrics may take")
     sv.add_argument("--progress-bound", type=float, help="seconds a busy engine may show no progress before it "
                     "counts as stuck (default: the recipe's serving.progress_bound_s)")
-    sv.add_argument("--max-restarts", type=int, default=5, help="restarts within --window before giving up")
-    sv.add_argument("--window", type=float, default=3600, help="seconds")
-    sv.add_argument("--backoff", type=float, default=10, help="first wait after a failed restart, doubling")
+    sv.add_argument("--max-restarts", type=int, default=Policy.max_restarts,
+                    help="restarts within --window before giving up")
+    sv.add_argument("--window", type=float, default=Policy.window_s, help="seconds")
+    sv.add_argument("--backoff", type=float, default=Policy.backoff_s,
+                    help="first wait after a failed restart, doubling")
     sv.add_argument("--cycles", type=int, help="stop after this many checks (default: run until stopped)")
     sv.set_defaults(func=cmd_supervise)
 

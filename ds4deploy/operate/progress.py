@@ -11,6 +11,10 @@ probe request waits behind the user's request, and a long prefill prints nothing
   supervisor may send its one-token probe, which then waits behind no one), ``busy`` (work present and the
   fingerprint moved within the recipe's bound ``serving.progress_bound_s``), ``stalled`` (work present and nothing
   moved for the whole bound: restart), ``unreadable`` (no reading: the supervisor falls back to its probe).
+  A reading that fails while the last one showed work that moved within the bound stays ``busy``: under a full
+  queue the API server answers /metrics late (up to 6.5 s on the 2-core cpu stack with 16 clients, 20 s with the
+  test suite loading the host, 2026-12-01), and a probe sent then would wait behind the queue and call a busy
+  engine wedged (the CI failure of 2026-12-01: a deployed supervisor restarted the stack under load).
 
 One family's reading lives in one function of `READERS`, keyed by `family` (the vLLM family reads /metrics, the
 Prometheus text format, with prometheus-client's own parser); a second family (llama.cpp: /metrics and /slots)
@@ -113,9 +117,18 @@ class ProgressWatch:
     moved_at: float | None = None
 
     def judge(self, reading: Reading | None, now: float, why: str = "") -> Verdict:
-        """Record `reading` (None: the engine gave none, `why` says why) taken at `now` and judge it."""
+        """Record `reading` (None: the engine gave none, `why` says why) taken at `now` and judge it.
+
+        No reading after one with work that moved less than `bound_s` ago: ``busy`` still (a late /metrics answer
+        under load is not a wedge; the bound still applies, counted from that last movement)."""
         if reading is None:
-            return Verdict("unreadable", f"no progress reading ({why})" if why else "no progress reading")
+            why = f" ({why})" if why else ""
+            if self.last is not None and self.last.load > 0 and self.moved_at is not None:
+                still = now - self.moved_at
+                if still < self.bound_s:
+                    return Verdict("busy", f"no progress reading now{why}; {self.last.running:g} running, "
+                                           f"{self.last.waiting:g} waiting and progress {still:.0f} s ago at the last")
+            return Verdict("unreadable", f"no progress reading{why}")
         if self.last is None or reading.fingerprint != self.last.fingerprint:
             self.moved_at = now
         self.last = reading

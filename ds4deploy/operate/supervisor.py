@@ -72,14 +72,18 @@ class Policy:
     Defaults: a 10 s check (the compose healthcheck interval, ds4deploy.render.compose.HEALTHCHECK), 2 misses before a
     restart (one miss can be a GC pause), a progress probe of an idle engine every 30 s allowed 60 s (a one-token
     completion takes milliseconds on an idle server), backoff 10 s doubling to 300 s, at most 5 restarts per hour
-    before a human must look. `progress_bound_s`: seconds a busy engine may go without any progress counter moving
-    before it counts as stuck; the recipe's ``serving.progress_bound_s`` (its default and source are there).
+    before a human must look. `reading_timeout_s`: seconds the engine's /metrics may take, 30 s: 1.5x the slowest
+    answer measured under a full queue (20 s on the 2-core cpu stack with the test suite loading the host,
+    2026-12-01); a late answer is a busy API server, not a wedge (a SIGSTOPped engine core leaves /metrics answering
+    at once, its counters still). `progress_bound_s`: seconds a busy engine may go without any progress counter
+    moving before it counts as stuck; the recipe's ``serving.progress_bound_s`` (its default and source are there).
     """
 
     interval_s: float = 10
     failures_to_restart: int = 2
     probe_every_s: float = 30
     probe_timeout_s: float = 60
+    reading_timeout_s: float = 30
     backoff_s: float = 10
     backoff_max_s: float = 300
     max_restarts: int = 5
@@ -290,7 +294,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                     reason = "unhealthy"
             else:
                 misses = 0
-                reading, why = target.reading()
+                reading, why = target.reading(policy.reading_timeout_s)
                 verdict = watch.judge(reading, clock(), why)
                 if verdict.state != engine_state:
                     engine_state = verdict.state
@@ -303,7 +307,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                     last_probe = now
                     progressed, pdetail = target.progress(policy.probe_timeout_s)
                     if not progressed:
-                        after, _ = target.reading()
+                        after, _ = target.reading(policy.reading_timeout_s)
                         if watch.moved_since(after):
                             # ...unless a request came in after the reading and the probe waited behind it.
                             journal.write("probe-waited", detail=f"{pdetail}, while the engine worked")

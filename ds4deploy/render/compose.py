@@ -401,6 +401,9 @@ def render(recipe: Recipe) -> Rendered:
     files: dict[str, str] = {}
     hashes: dict[str, dict[str, str]] = {}
     try:
+        if recipe.serving.front_door is not None:
+            files[front_door.TEMPLATE_FILE] = _ENV.get_template("front-door.conf.j2").render(base)
+            base["front_door_conf_sha256"] = hashlib.sha256(files[front_door.TEMPLATE_FILE].encode()).hexdigest()
         for out, services in nodes.items():
             text = _ENV.get_template("compose.yaml.j2").render(
                 {**base, "services": services, "role": out.split(".")[1] if out.count(".") == 2 else "single"})
@@ -410,8 +413,6 @@ def render(recipe: Recipe) -> Rendered:
                 text = text.replace(_SHA_MARK.format(name), digest)
             files[out] = text
         files["deploy-vars.yml"] = _ENV.get_template("deploy-vars.yml.j2").render({**base, "service_sha256": hashes})
-        if recipe.serving.front_door is not None:
-            files[front_door.TEMPLATE_FILE] = _ENV.get_template("front-door.conf.j2").render(base)
     except (TemplateError, TypeError) as exc:  # TypeError: a value `q` cannot write (e.g. an undefined name)
         raise UserError(
             f"rendering recipe '{recipe.name}' failed: {exc}",

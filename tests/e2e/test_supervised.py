@@ -76,7 +76,6 @@ def test_a_frozen_engine_is_restarted_by_the_deployed_supervisor():
 # that was only busy.
 BUSY_PROBE_TIMEOUT_S = 5
 BUSY_CLIENTS = 16  # 4 running (max_num_seqs) and 12 queued at any time
-BUSY_LOAD_S = 60
 
 
 def test_a_busy_engine_is_not_restarted(tmp_path):
@@ -89,12 +88,13 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
     key = parse_env_file(Path(DV["ds4_key_file"]).read_text())["VLLM_API_KEY"]
     headers = {"Authorization": f"Bearer {key}"}
     body = {"model": DV["ds4_served_name"], "prompt": "count", "max_tokens": 1024, "ignore_eos": True}
-    stop_at = time.monotonic() + BUSY_LOAD_S
+    stop = threading.Event()  # the load runs until the supervisor under test has finished its checks
     errors: list[str] = []
+    seen_deployed = len(_events(0))
 
     def client() -> None:
         with httpx.Client(timeout=300) as c:
-            while time.monotonic() < stop_at:
+            while not stop.is_set():
                 r = c.post(f"{url}/v1/completions", json=body, headers=headers)
                 if r.status_code != 200:
                     errors.append(f"{r.status_code} {r.text[:200]}")
@@ -130,13 +130,16 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
         assert waited_s > BUSY_PROBE_TIMEOUT_S, f"the load made a one-token request wait only {waited_s:.1f} s"
         _out, err = sup.communicate(timeout=240)
     finally:
-        stop_at = 0
+        stop.set()
         for t in threads:
             t.join(timeout=300)
     events = [json.loads(x) for x in journal.read_text().splitlines()]
     assert sup.returncode == 0, err[-2000:]
     assert not errors, errors[:3]
     assert [e for e in events if e["event"] in ("failure", "restarted", "restart-failed")] == [], events
-    # Not asserted: that the supervisor's own reading saw the engine busy. Through the front door, /metrics took 8-20 s
-    # under this load on the 2-core CI host (the engine's own port answered in 0.07 s), so its reading can miss the
-    # load; the claim proven here is the one that matters to the user: a busy engine is not restarted.
+    # It judged the engine busy from the engine's own counters, and never probed it behind the queue.
+    assert "busy" in [e["state"] for e in events if e["event"] == "engine"], events
+    # The supervisor `make deploy` started watched the same load with the default policy: no restart either (a late
+    # /metrics answer under this load once made it probe behind the queue and restart, CI 2026-12-01).
+    deployed = [e for e in _events(seen_deployed) if e["event"] in ("failure", "restarted", "restart-failed")]
+    assert deployed == [], deployed

@@ -59,9 +59,18 @@ def test_idle_busy_and_stalled_on_a_clock():
 
 def test_no_reading_is_unreadable_and_keeps_the_last():
     w = ProgressWatch(bound_s=100)
+    assert w.judge(None, now=0, why="GET /metrics: ConnectError").state == "unreadable"  # nothing known yet
+    w.judge(_r(0, 5), now=0)
+    assert w.judge(None, now=50).state == "unreadable"  # idle at the last reading: the probe may decide
+    assert w.moved_since(_r(1, 6)) and not w.moved_since(_r(0, 5)) and not w.moved_since(None)
+
+
+def test_a_late_reading_after_recent_work_stays_busy_until_the_bound():
+    w = ProgressWatch(bound_s=100)
     w.judge(_r(1, 5), now=0)
-    assert w.judge(None, now=50, why="GET /metrics: ReadTimeout").state == "unreadable"
-    assert w.moved_since(_r(1, 6)) and not w.moved_since(_r(1, 5)) and not w.moved_since(None)
+    late = w.judge(None, now=50, why="GET /metrics: ReadTimeout")
+    assert late.state == "busy" and "ReadTimeout" in late.detail and "50 s ago" in late.detail
+    assert w.judge(None, now=100).state == "unreadable"  # the bound passed with nothing read: the probe decides
 
 
 def test_every_vllm_build_reads_the_same_metrics():

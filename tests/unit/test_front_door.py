@@ -14,6 +14,7 @@ import socket
 import subprocess
 import threading
 import time
+import typing
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -539,3 +540,76 @@ def test_the_committed_renders_are_host_networked_or_resolve_at_request_time():
             assert "resolver 127.0.0.11" in text and "upstream engine" not in text, recipe.name
         else:
             assert f"server 127.0.0.1:{recipe.engine_port};" in text, recipe.name
+
+
+class ClosesIdle(Echo):
+    """`Echo` that closes a connection idle for the engine's keep-alive (5 s: vLLM's uvicorn, llama-server's
+    cpp-httplib) and records, per connection, how it ended: "peer" (the proxy closed it) or "idle" (it timed out)."""
+
+    timeout = 5
+    ended: typing.ClassVar[list[tuple[str, float]]] = []
+
+    def handle(self) -> None:
+        self.timed_out = False
+        super().handle()
+        ClosesIdle.ended.append(("idle" if self.timed_out else "peer", time.monotonic()))
+
+    def log_error(self, fmt: str, *args) -> None:
+        # http.server reports its own idle timeout here ("Request timed out") and then closes the connection.
+        self.timed_out = self.timed_out or fmt.startswith("Request timed out")
+
+
+@needs_nginx
+def test_the_proxy_closes_an_idle_engine_connection_before_the_engine_does(tmp_path):
+    """nginx keeps idle upstream connections 60 s by default, the engines 5 s: a POST sent on a connection the
+    engine is closing was answered 502 "upstream prematurely closed connection" under load (cpu stack, 2026-12-01).
+    The rendered keep-alive makes nginx close first: after one request, the engine side sees the proxy hang up
+    within the rendered time, never its own idle timeout."""
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), ClosesIdle)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = _free_port()
+    conf = tmp_path / "nginx.conf"
+    recipe = load_recipe("cpu")
+    conf.write_text(keyed(render.render(recipe).files[front_door.TEMPLATE_FILE], f"127.0.0.1:{port}",
+                          f"127.0.0.1:{upstream.server_port}", tmp_path))
+    proc = subprocess.Popen([NGINX, "-e", f"{tmp_path}/error.log", "-c", str(conf), "-g", "daemon off;"])
+    try:
+        for _ in range(50):
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
+                break
+            time.sleep(0.1)
+        ClosesIdle.ended.clear()
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", headers={"x-api-key": KEY}, json={"p": 1})
+        t0 = time.monotonic()
+        assert r.status_code == 200
+        keep = front_door.upstream_keepalive_s(recipe)
+        assert keep < ClosesIdle.timeout
+        deadline = t0 + ClosesIdle.timeout + 2
+        while not ClosesIdle.ended and time.monotonic() < deadline:
+            time.sleep(0.05)
+        how, when = ClosesIdle.ended[0]
+        assert how == "peer" and when - t0 < ClosesIdle.timeout, (how, when - t0)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
+
+
+def test_a_changed_front_door_config_changes_its_service():
+    """nginx reads its config only at start and the config is a bind-mounted file, whose content compose does not
+    see: the service carries the config's sha256, so a changed config recreates the container on the next deploy
+    (a redeploy once left the old config running, 2026-12-01)."""
+    import hashlib
+
+    base = load_recipe("cpu")
+    fd = base.serving.front_door.model_copy(update={"allow": [*base.serving.front_door.allow, "/version"]})
+    changed = base.model_copy(update={"serving": base.serving.model_copy(update={"front_door": fd})})
+    shas = []
+    for recipe in (base, changed):
+        out = render.render(recipe).files
+        svc = yaml.safe_load(out["compose.yaml"])["services"]["front-door"]
+        conf_sha = hashlib.sha256(out[front_door.TEMPLATE_FILE].encode()).hexdigest()
+        assert svc["environment"]["DS4_FRONT_DOOR_CONF_SHA256"] == conf_sha
+        shas.append(svc["labels"]["io.ds4deploy.service-sha256"])
+    assert shas[0] != shas[1]

@@ -298,6 +298,51 @@ def test_a_busy_engine_that_stops_moving_is_restarted_after_the_bound(tmp_path):
 
 
 @dataclass
+class LateMetricsUnderLoad(BusyEngine):
+    """A busy engine whose API server answers /metrics late under the queue: every other reading times out (the CI
+    failure of 2026-12-01, where the probe then waited behind the queue and a busy stack was restarted)."""
+
+    calls: int = 0
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        self.calls += 1
+        if self.calls % 2 == 0:
+            self.clock.now += timeout_s
+            return None, "GET /metrics: ReadTimeout"
+        return super().reading(timeout_s)
+
+
+def test_a_late_metrics_answer_under_load_is_not_a_wedge(tmp_path):
+    group = LateMetricsUnderLoad(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+                      cycles=40)
+    assert rc == 0 and group.restarts == [] and group.probes == 0
+    assert {e["state"] for e in events if e["event"] == "engine"} == {"busy"}
+
+
+@dataclass
+class MetricsGoneAfterBusy(BusyEngine):
+    """Busy at the first reading, then /metrics never answers again (nor does the probe): a hung API server."""
+
+    calls: int = 0
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        self.calls += 1
+        if self.calls == 1:
+            return super().reading(timeout_s)
+        self.clock.now += timeout_s
+        return None, "GET /metrics: ReadTimeout"
+
+
+def test_metrics_unreadable_past_the_bound_falls_back_to_the_probe(tmp_path):
+    group = MetricsGoneAfterBusy(FakeClock(), script=[])
+    _rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=1, window_s=3600, progress_bound_s=120),
+                       cycles=20)
+    assert group.probes >= 1 and len(group.restarts) == 1
+    assert [e["state"] for e in events if e["event"] == "engine"][:2] == ["busy", "unreadable"]
+
+
+@dataclass
 class FrozenWhileIdle(FakeGroup):
     """An idle engine whose core is frozen (SIGSTOP): its counters never move and the probe never answers."""
 
