@@ -16,9 +16,14 @@ probe request waits behind the user's request, and a long prefill prints nothing
   test suite loading the host, 2026-12-01), and a probe sent then would wait behind the queue and call a busy
   engine wedged (the CI failure of 2026-12-01: a deployed supervisor restarted the stack under load).
 
-One family's reading lives in one function of `READERS`, keyed by `family` (the vLLM family reads /metrics, the
-Prometheus text format, with prometheus-client's own parser); a second family (llama.cpp: /metrics and /slots)
-adds its reader there and nothing else changes.
+One family's reading lives in one function of `READERS`, keyed by ``engine.family``. Both families serve /metrics
+in the Prometheus text format, read with prometheus-client's own parser:
+
+- ``vllm``: `read_vllm` (the scheduler's running/waiting gauges, token counters, iteration histogram, KV-cache fill);
+- ``llamacpp``: `read_llamacpp` (llama-server started with ``--metrics``, which `ds4deploy.engines.llamacpp` always
+  passes: its processing and deferred requests, prompt and generated token counters, the llama_decode() call
+  counter). On a one-slot llama-server a probe request would wait behind the user's request, so this reading is the
+  only safe way to tell a long prefill from a wedge (docs/sources.md#llamacpp-metrics).
 """
 
 from __future__ import annotations
@@ -94,9 +99,72 @@ def read_vllm(url: str, key: str | None, timeout_s: float) -> Reading:
     return parse_vllm_metrics(r.text)
 
 
-# Engine family (``engine.family``: every vLLM build, stock, CPU or fork, serves the same /metrics) -> reader(url of
-# the head's API, key, timeout in s) -> Reading. A family without a reader (llama.cpp, so far) falls back to the probe.
-READERS: dict[str, Callable[[str, str | None, float], Reading]] = {"vllm": read_vllm}
+# llama-server's /metrics page (pinned llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f, as vendored by
+# llama-cpp-python 0.3.36: tools/server/server-task.cpp, server_task_result_metrics::to_metrics, which writes every
+# name below with a `llamacpp:` prefix, HELP and TYPE lines; docs/sources.md#llamacpp-metrics). The gauges:
+# requests_processing = slots processing a request (server-context.cpp, SERVER_TASK_TYPE_METRICS: slots with
+# is_processing()), requests_deferred = requests queued because no slot was free (queue_tasks_deferred_size()).
+# The counters that move when the server works (server-context.cpp, metrics_post_decode / metrics_flush_prompt /
+# metrics_on_prediction): n_decode_total, one per llama_decode() call, so it moves with every batch of a long
+# prefill (prompt_tokens_total is only added when a batch with output completes); prompt and cached-prompt tokens
+# and their seconds; generated tokens and their seconds; the speculative-decoding draft counters. Left out: the
+# averaged rates (prompt_tokens_seconds, predicted_tokens_seconds, n_busy_slots_per_decode: their window is reset by
+# every scrape, so they change without any work) and n_tokens_max (a high-water mark, not a counter of work).
+LLAMACPP_RUNNING = "llamacpp:requests_processing"
+LLAMACPP_WAITING = "llamacpp:requests_deferred"
+LLAMACPP_PROGRESS = (
+    "llamacpp:n_decode_total",
+    "llamacpp:prompt_tokens_total",
+    "llamacpp:prompt_tokens_cached_total",
+    "llamacpp:prompt_seconds_total",
+    "llamacpp:tokens_predicted_total",
+    "llamacpp:tokens_predicted_seconds_total",
+    "llamacpp:spec_decode_num_draft_tokens_total",
+    "llamacpp:spec_decode_num_accepted_tokens_total",
+    "llamacpp:spec_decode_num_drafts_total",
+    LLAMACPP_RUNNING,
+    LLAMACPP_WAITING,
+)
+
+
+def parse_llamacpp_metrics(text: str) -> Reading:
+    """A llama-server /metrics page (Prometheus text format, `LLAMACPP_PROGRESS`) -> `Reading`: `running` =
+    requests_processing (slots busy), `waiting` = requests_deferred (requests queued for a free slot).
+
+    Raises:
+        ValueError: the page is not Prometheus text, or lacks the requests_processing / requests_deferred gauges
+            (not a llama-server, or one started without ``--metrics``).
+    """
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in LLAMACPP_PROGRESS:
+                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    if LLAMACPP_RUNNING not in sums or LLAMACPP_WAITING not in sums:
+        raise ValueError(f"no {LLAMACPP_RUNNING} / {LLAMACPP_WAITING} on the metrics page "
+                         "(llama-server serves them only when started with --metrics)")
+    return Reading(sums[LLAMACPP_RUNNING], sums[LLAMACPP_WAITING], tuple(sorted(sums.items())))
+
+
+def read_llamacpp(url: str, key: str | None, timeout_s: float) -> Reading:
+    """GET <url>/metrics with the key (llama-server checks the API key on /metrics too: only /health and /v1/health
+    are public, tools/server/server-http.cpp, middleware_validate_api_key); `parse_llamacpp_metrics` of the answer.
+
+    Raises:
+        httpx.HTTPError: no answer within `timeout_s`, or a status other than 200 (501 from a llama-server started
+            without ``--metrics``, 401 on a wrong key).
+        ValueError: see `parse_llamacpp_metrics`.
+    """
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout_s)
+    r.raise_for_status()
+    return parse_llamacpp_metrics(r.text)
+
+
+# Engine family (``engine.family``: every vLLM build, stock, CPU or fork, serves the same /metrics; ``llamacpp``:
+# llama-server) -> reader(url of the head's API, key, timeout in s) -> Reading. A family without a reader would fall
+# back to the supervisor's probe.
+READERS: dict[str, Callable[[str, str | None, float], Reading]] = {"vllm": read_vllm, "llamacpp": read_llamacpp}
 
 
 @dataclass(frozen=True)
