@@ -1,16 +1,31 @@
-"""The engine's progress reading (ds4deploy.operate.progress) on real /metrics pages captured from the deployed cpu
-stack (vLLM 0.32 CPU build), and the busy/idle/stalled judgement on an injected clock."""
+"""The engine's progress reading (ds4deploy.operate.progress) on real /metrics pages: vLLM's captured from the
+deployed cpu stack (vLLM 0.32 CPU build), llama-server's captured on the H200 (the pinned llama.cpp; see
+tests/unit/fixtures/bench/README.md for which lines are verbatim), and the busy/idle/stalled judgement on an injected
+clock."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
-from ds4deploy.operate.progress import READERS, ProgressWatch, Reading, parse_vllm_metrics
+from ds4deploy.operate.progress import (
+    READERS,
+    ProgressWatch,
+    Reading,
+    parse_llamacpp_metrics,
+    parse_vllm_metrics,
+    read_llamacpp,
+)
 from tests.unit.conftest import REPO
 
 BENCH = REPO / "tests" / "unit" / "fixtures" / "bench"
 IDLE_PAGE = (BENCH / "vllm-0.32-cpu-metrics-idle.txt").read_text()
 AFTER_PAGE = (BENCH / "vllm-0.32-cpu-metrics-after-repeat.txt").read_text()
+# llama-server's page after the H200 run's requests finished: sample lines verbatim from the capture, HELP/TYPE lines
+# from the pinned source (fixtures/bench/README.md).
+LLAMACPP_PAGE = (BENCH / "llamacpp-0c1e570-h200-metrics.txt").read_text()
+H200_CAPTURE = REPO / "docs" / "results" / "llamacpp-h200-2026-12-01" / "llamacpp-h200.json"
 
 
 def test_an_idle_page_reads_as_no_load():
@@ -73,8 +88,70 @@ def test_a_late_reading_after_recent_work_stays_busy_until_the_bound():
     assert w.judge(None, now=100).state == "unreadable"  # the bound passed with nothing read: the probe decides
 
 
-def test_every_vllm_build_reads_the_same_metrics():
+def test_every_engine_family_has_a_reader():
     from ds4deploy.recipe.load import all_recipes
 
     assert {r.engine.family for r in all_recipes() if r.engine.flavor != "llamacpp"} == {"vllm"}
-    assert "llamacpp" not in READERS  # no reader yet: the supervisor falls back to its probe
+    # Every family a recipe can name reads its own counters: the supervisor never needs its probe to judge work.
+    assert {r.engine.family for r in all_recipes()} <= set(READERS)
+    assert READERS["llamacpp"] is read_llamacpp
+
+
+# llama.cpp (llama-server --metrics) -------------------------------------------------------------------------------
+
+
+def _set(page: str, name: str, old: str, new: str) -> str:
+    """`page` with the sample line `llamacpp:<name> <old>` changed to `<new>` (the line must be there)."""
+    line = f"llamacpp:{name} {old}\n"
+    assert line in page, line
+    return page.replace(line, f"llamacpp:{name} {new}\n")
+
+
+def test_an_idle_llamacpp_page_reads_idle():
+    r = parse_llamacpp_metrics(LLAMACPP_PAGE)
+    assert (r.running, r.waiting, r.load) == (0, 0, 0)
+    fp = dict(r.fingerprint)
+    assert (fp["llamacpp:n_decode_total"], fp["llamacpp:prompt_tokens_total"],
+            fp["llamacpp:tokens_predicted_total"]) == (551, 3502, 544)
+    assert ProgressWatch(bound_s=100).judge(r, now=0).state == "idle"
+
+
+def test_the_capture_as_stored_without_help_and_type_reads_the_same():
+    """The H200 capture kept only the sample lines: they parse to the same reading as the page with HELP/TYPE."""
+    lines = json.loads(H200_CAPTURE.read_text())["runs"][0]["metrics"]
+    assert parse_llamacpp_metrics("\n".join(lines) + "\n") == parse_llamacpp_metrics(LLAMACPP_PAGE)
+
+
+def test_a_llamacpp_page_with_requests_processing_reads_busy():
+    page = _set(LLAMACPP_PAGE, "requests_processing", "0", "1")
+    page = _set(page, "requests_deferred", "0", "2")
+    r = parse_llamacpp_metrics(page)
+    assert (r.running, r.waiting) == (1, 2)
+    assert ProgressWatch(bound_s=100).judge(r, now=0).state == "busy"
+
+
+def test_moved_llamacpp_counters_are_progress_and_still_ones_are_not():
+    """One slot busy on a long prefill: each batch is one llama_decode() call (n_decode_total + 1), while
+    prompt_tokens_total waits for the batch with output. The averaged rates change with every scrape (their window
+    is reset), so they alone are no progress."""
+    busy = _set(LLAMACPP_PAGE, "requests_processing", "0", "1")
+    one_batch_later = _set(busy, "n_decode_total", "551", "552")
+    rates_only = _set(_set(busy, "prompt_tokens_seconds", "10372.1", "0"), "predicted_tokens_seconds", "1130.56", "0")
+    w = ProgressWatch(bound_s=100)
+    assert w.judge(parse_llamacpp_metrics(busy), now=0).state == "busy"
+    assert w.judge(parse_llamacpp_metrics(rates_only), now=60).state == "busy"  # within the bound
+    assert w.judge(parse_llamacpp_metrics(one_batch_later), now=150).state == "busy"  # moved: progress
+    assert w.judge(parse_llamacpp_metrics(one_batch_later), now=249).state == "busy"
+    stalled = w.judge(parse_llamacpp_metrics(rates_only.replace(" 551\n", " 552\n")), now=250)
+    assert stalled.state == "stalled" and "100 s" in stalled.detail
+
+
+def test_a_page_without_the_llamacpp_gauges_is_one_error_naming_them():
+    page = "".join(line for line in LLAMACPP_PAGE.splitlines(keepends=True)
+                   if "requests_processing" not in line and "requests_deferred" not in line)
+    assert "llamacpp:n_decode_total 551" in page
+    with pytest.raises(ValueError, match="llamacpp:requests_processing / llamacpp:requests_deferred") as e:
+        parse_llamacpp_metrics(page)
+    assert "--metrics" in str(e.value)
+    with pytest.raises(ValueError, match="requests_processing"):
+        parse_llamacpp_metrics(IDLE_PAGE)  # a vLLM page is not a llama-server page
