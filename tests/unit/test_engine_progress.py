@@ -155,3 +155,42 @@ def test_a_page_without_the_llamacpp_gauges_is_one_error_naming_them():
     assert "--metrics" in str(e.value)
     with pytest.raises(ValueError, match="requests_processing"):
         parse_llamacpp_metrics(IDLE_PAGE)  # a vLLM page is not a llama-server page
+
+
+def test_the_supervisor_reads_a_llamacpp_head_with_the_key(tmp_path):
+    """`Target.reading` of a llama.cpp recipe goes through `read_llamacpp` (no probe fallback) and presents the key:
+    llama-server checks it on /metrics (only /health and /v1/health are public: tools/server/server-http.cpp,
+    middleware_validate_api_key). The real llama-server does not run in the unit tier; this stand-in answers /metrics
+    by the same rule, with the captured page, and 401 in llama-server's error body otherwise."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ds4deploy.operate.supervisor import Target
+    from ds4deploy.recipe.load import load_recipe
+
+    key = "ds4-TestKey0123456789abcdefABCDEF"
+
+    class LlamaServerMetrics(BaseHTTPRequestHandler):
+        def do_GET(self):
+            ok = self.path == "/metrics" and self.headers.get("authorization") == f"Bearer {key}"
+            body = (LLAMACPP_PAGE if ok else json.dumps(
+                {"error": {"message": "Invalid API Key", "type": "authentication_error", "code": 401}})).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), LlamaServerMetrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        recipe = load_recipe("cpu-llamacpp")
+        reading, why = Target(recipe, tmp_path / "inventory.yml", [], url, key).reading()
+        assert why == "" and reading == parse_llamacpp_metrics(LLAMACPP_PAGE)
+        reading, why = Target(recipe, tmp_path / "inventory.yml", [], url, None).reading()
+        assert reading is None and why == "GET /metrics: HTTPStatusError"
+    finally:
+        server.shutdown()
