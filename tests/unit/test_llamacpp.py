@@ -179,3 +179,24 @@ def test_the_deploy_of_a_llamacpp_recipe_is_refused_before_any_node_is_read(tmp_
     assert "the deploy of llamacpp recipes is not wired yet" in p.stderr and "Traceback" not in p.stderr
     assert "docker compose -f compose/cpu-llamacpp/compose.yaml up -d" in p.stderr
     assert p.stdout.strip() == ""
+
+
+def test_every_llamacpp_argv_serves_metrics_and_no_recipe_can_turn_it_off():
+    """The supervisor judges a llama.cpp engine from its /metrics (ds4deploy.operate.progress.read_llamacpp), which
+    llama-server serves only with --metrics (tools/server/server-context.cpp, get_metrics: 501 otherwise). Every
+    recipe's argv carries it, the committed render too, and the registry has no negation a recipe could add."""
+    import json
+
+    from ds4deploy.recipe.load import all_recipes
+    from tests.unit.conftest import REPO
+
+    recipes = [r for r in all_recipes() if r.engine.family == "llamacpp"]
+    assert len(recipes) >= 4
+    for r in recipes:
+        assert "--metrics" in server_args(r), r.name
+        assert "--metrics" in json.loads((REPO / "compose" / r.name / "engine-args.json").read_text()), r.name
+    assert known_flags()["--metrics"]["negation"] is False and "--no-metrics" not in known_flags()
+    off = _with("cpu-llamacpp", **{"engine.llamacpp.extra_args": {"metrics": False}})
+    assert "--metrics" in server_args(off)
+    with pytest.raises(UserError, match="no flag --no-metrics"):
+        server_args(_with("cpu-llamacpp", **{"engine.llamacpp.extra_args": {"no-metrics": True}}))
