@@ -39,15 +39,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def keyed(conf: str, listen: str, upstream: str, tmp: Path) -> str:
-    """The rendered template as the entrypoint makes it (the key substituted), moved to local test ports."""
+def keyed(conf: str, listen: str, upstream: str, tmp: Path, recipe: str = "cpu") -> str:
+    """The rendered template of `recipe` as the entrypoint makes it (the key substituted), moved to local test
+    ports."""
     out = conf.replace("${VLLM_API_KEY}", KEY).replace("${DS4_METRICS_KEY}", METRICS_KEY)
     out = out.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
     out = out.replace("access_log /dev/stdout ds4 ", f"access_log {tmp}/access.log ds4 ")
     out = out.replace("error_log stderr warn;", f"error_log {tmp}/error.log warn;")
     for d in ("client_body", "proxy"):
         out = out.replace("http {", f"http {{\n    {d}_temp_path {tmp}/{d};", 1)
-    r = load_recipe("cpu")
+    r = load_recipe(recipe)
     out = out.replace(f"listen {front_door.listen(r)};", f"listen {listen};")
     return out.replace(f"server {front_door.upstream(r)};", f"server {upstream};")
 
@@ -88,15 +89,15 @@ class Echo(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def running_proxy(tmp: Path):
-    """nginx with the cpu recipe's rendered front door in front of `Echo`, logging into `tmp`; yields (base URL,
+def running_proxy(tmp: Path, recipe: str = "cpu"):
+    """nginx with `recipe`'s rendered front door in front of `Echo`, logging into `tmp`; yields (base URL,
     nginx's process). Stopped with SIGTERM at the end unless the caller stopped it."""
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = _free_port()
     conf = tmp / "nginx.conf"
-    template = render.render(load_recipe("cpu")).files[front_door.TEMPLATE_FILE]
-    conf.write_text(keyed(template, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.server_port}", tmp))
+    template = render.render(load_recipe(recipe)).files[front_door.TEMPLATE_FILE]
+    conf.write_text(keyed(template, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.server_port}", tmp, recipe))
     proc = subprocess.Popen([NGINX, "-e", f"{tmp}/error.log", "-c", str(conf), "-g", "daemon off;"])
     url = f"http://127.0.0.1:{port}"
     try:
@@ -419,6 +420,30 @@ def test_the_metrics_key_reaches_metrics_and_nothing_else(proxy):
         assert httpx.get(f"{url}{path}", headers=bearer).status_code == 401, path
     assert httpx.get(f"{url}/metrics", headers={"x-api-key": METRICS_KEY}).status_code == 401
     assert httpx.get(f"{url}/metrics").status_code == 401
+
+
+@needs_nginx
+def test_llamacpp_metrics_go_through_the_front_door_with_the_engines_key(tmp_path):
+    """llama-server checks the API key on /metrics too (only /health and /v1/health are public:
+    tools/server/server-http.cpp, middleware_validate_api_key), unlike vLLM. The llama.cpp front door routes /metrics
+    as the vLLM one does (the same rendered routes) and presents the engine's key there, whichever credential the
+    client used, so Prometheus's metrics credential and the supervisor's API key both reach the engine keyed; the
+    engine gets that key as LLAMA_API_KEY from the same key file (test_llamacpp, key shim)."""
+    llama = render.render(load_recipe("cpu-llamacpp")).files[front_door.TEMPLATE_FILE]
+    vllm = render.render(load_recipe("cpu")).files[front_door.TEMPLATE_FILE]
+    assert llama.splitlines()[1:] == vllm.splitlines()[1:]  # all but the "Rendered by ... <recipe>" line
+    for r in all_recipes():
+        if r.engine.family == "llamacpp" and r.serving.front_door is not None:
+            text = render.render(r).files[front_door.TEMPLATE_FILE]
+            assert "location = /metrics {" in text and 'proxy_set_header Authorization "Bearer ${VLLM_API_KEY}";' \
+                in text, r.name
+    with running_proxy(tmp_path, "cpu-llamacpp") as (url, _):
+        for headers in ({"Authorization": f"Bearer {METRICS_KEY}"}, {"x-api-key": KEY},
+                        {"Authorization": f"bearer {KEY}"}):
+            r = httpx.get(f"{url}/metrics", headers=headers)
+            assert r.status_code == 200 and r.json()["path"] == "/metrics", headers
+            assert r.json()["authorization"] == f"Bearer {KEY}" and not r.json()["x_api_key"], headers
+        assert httpx.get(f"{url}/metrics").status_code == 401
 
 
 PROMETHEUS_EXAMPLE = REPO / "docs" / "monitoring" / "prometheus.yml"
