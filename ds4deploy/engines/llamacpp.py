@@ -14,8 +14,8 @@ comes from the sections every recipe has, written once:
 | ``-c`` | ``serving.max_model_len x serving.max_num_seqs``: llama-server divides ``-c`` among the slots (its log: |
 | | ``n_ctx_slot``), so every request keeps ``max_model_len`` |
 | ``-n`` | ``serving.default_max_tokens``: tokens a request without max_tokens generates at most (``--n-predict``) |
-| ``--metrics``, ``--slots`` | always: the supervisor judges busy from stuck by /metrics (`ds4deploy.operate.progress`, |
-| | ``read_llamacpp``: 501 without ``--metrics``); the bench reads both. No recipe can drop them |
+| ``--metrics``, ``--slots`` | always: the supervisor judges busy from stuck by /metrics (``read_llamacpp`` of |
+| | `ds4deploy.operate.progress`; 501 without ``--metrics``); the bench reads both. No recipe can drop them |
 | API key | never on the command line: ``LLAMA_API_KEY`` in the environment (`common/arg.cpp` ``--api-key``) |
 
 Every flag is checked against the registry of the pinned source (`llamacpp_flags.json`, written by

@@ -15,12 +15,13 @@ What counts as a failure, checked every `interval_s`:
 - ``unhealthy``: the head's GET /health fails or is not 200 `failures_to_restart` times in a row;
 - ``wedged``: /health answers but the engine is stuck: the "API up, pair stuck" state of an NCCL timeout
   (docs/sources.md#nccl-timeout-wedge). Busy is not stuck (docs/sources.md#supervisor-progress): every check reads
-  the engine's own progress counters (`ds4deploy.operate.progress`, per engine family). With requests running or
-  queued, the engine is stuck only when no counter moved for the recipe's ``serving.progress_bound_s``; a long
-  prefill or a full one-sequence engine keeps it busy, never restarted. Only an idle engine (nothing running or
-  queued, or no counters to read) gets the one-token completion probe (every `probe_every_s`, allowed
-  `probe_timeout_s`), so the probe waits behind no one; a probe that times out while the counters moved meanwhile
-  waited behind a request that arrived after the reading, and is not a wedge.
+  the engine's own progress counters (`ds4deploy.operate.progress`, per engine family: vLLM's scheduler gauges and
+  token counters, llama-server's requests_processing/requests_deferred and token and llama_decode() counters). With
+  requests running or queued, the engine is stuck only when no counter moved for the recipe's
+  ``serving.progress_bound_s``; a long prefill or a full one-sequence engine keeps it busy, never restarted. Only an
+  idle engine (nothing running or queued, or no counters to read) gets the one-token completion probe (every
+  `probe_every_s`, allowed `probe_timeout_s`), so the probe waits behind no one; a probe that times out while the
+  counters moved meanwhile waited behind a request that arrived after the reading, and is not a wedge.
 
 Restarts back off exponentially (`backoff_s` doubling up to `backoff_max_s`) and stop after `max_restarts` within
 `window_s`: the supervisor then records ``gave-up`` and exits 3, so whatever runs it can alert a human. Every event
