@@ -429,9 +429,13 @@ def test_llamacpp_metrics_go_through_the_front_door_with_the_engines_key(tmp_pat
     as the vLLM one does (the same rendered routes) and presents the engine's key there, whichever credential the
     client used, so Prometheus's metrics credential and the supervisor's API key both reach the engine keyed; the
     engine gets that key as LLAMA_API_KEY from the same key file (test_llamacpp, key shim)."""
+    def metrics_route(text: str) -> str:
+        start = text.index("        location = /metrics {")
+        return text[start:text.index("\n        }\n", start)]
+
     llama = render.render(load_recipe("cpu-llamacpp")).files[front_door.TEMPLATE_FILE]
     vllm = render.render(load_recipe("cpu")).files[front_door.TEMPLATE_FILE]
-    assert llama.splitlines()[1:] == vllm.splitlines()[1:]  # all but the "Rendered by ... <recipe>" line
+    assert metrics_route(llama) == metrics_route(vllm) and "$ds4_metrics_authorized = 0" in metrics_route(llama)
     for r in all_recipes():
         if r.engine.family == "llamacpp" and r.serving.front_door is not None:
             text = render.render(r).files[front_door.TEMPLATE_FILE]
