@@ -127,7 +127,10 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 	@# promtool (Debian package prometheus): checks the documented scrape config (docs/monitoring/prometheus.yml).
 	@command -v promtool >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
-	$(BIN)/pytest -q --durations=10 tests/unit
+	@# The tests that start no engine on every core (xdist), then the ones that share one engine (test_conformance's
+	@# `server`), in one process so it starts once.
+	$(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine" --durations=10 tests/unit
+	$(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit
 
 # Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then
 # (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline), and

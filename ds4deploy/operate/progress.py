@@ -14,7 +14,7 @@ probe request waits behind the user's request, and a long prefill prints nothing
   A reading that fails while the last one showed work that moved within the bound stays ``busy``: under a full
   queue the API server answers /metrics late (up to 6.5 s on the 2-core cpu stack with 16 clients, 20 s with the
   test suite loading the host, 2026-12-01), and a probe sent then would wait behind the queue and call a busy
-  engine wedged (the CI failure of 2026-12-01: a deployed supervisor restarted the stack under load).
+  engine wedged (with the 5 s reading timeout of before, the supervisor's readings failed under the e2e load).
 
 One family's reading lives in one function of `READERS`, keyed by ``engine.family``. Both families serve /metrics
 in the Prometheus text format, read with prometheus-client's own parser:

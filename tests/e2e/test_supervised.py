@@ -139,7 +139,6 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
     assert [e for e in events if e["event"] in ("failure", "restarted", "restart-failed")] == [], events
     # It judged the engine busy from the engine's own counters, and never probed it behind the queue.
     assert "busy" in [e["state"] for e in events if e["event"] == "engine"], events
-    # The supervisor `make deploy` started watched the same load with the default policy: no restart either (a late
-    # /metrics answer under this load once made it probe behind the queue and restart, CI 2026-12-01).
+    # The supervisor `make deploy` started watched the same load with the default policy: no restart either.
     deployed = [e for e in _events(seen_deployed) if e["event"] in ("failure", "restarted", "restart-failed")]
     assert deployed == [], deployed

@@ -299,8 +299,8 @@ def test_a_busy_engine_that_stops_moving_is_restarted_after_the_bound(tmp_path):
 
 @dataclass
 class LateMetricsUnderLoad(BusyEngine):
-    """A busy engine whose API server answers /metrics late under the queue: every other reading times out (the CI
-    failure of 2026-12-01, where the probe then waited behind the queue and a busy stack was restarted)."""
+    """A busy engine whose API server answers /metrics late under the queue: every other reading times out (as the
+    5 s readings of before did under the e2e load, 2026-12-01); a probe sent then would wait behind the queue."""
 
     calls: int = 0
 
