@@ -700,8 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ca-bundle", help="extra CA certificates (PEM) for pip inside the build")
     c.set_defaults(func=cmd_image_context)
     il = ip.add_parser("lock", help="hash every artifact the image build downloads (the Lvllmds4-x wheel, pinned "
-                       "tarballs), read the image ID of an owner-supplied base image (engine.image.base_image under local/) on this "
-                       "host, and write recipes/<recipe>.lock.json, which builds verify against")
+                       "tarballs), read the image ID of an owner-supplied base image (engine.image.base_image "
+                       "under local/) on this host, and write recipes/<recipe>.lock.json, which builds verify against")
     il.add_argument("recipe")
     il.add_argument("--artifact", action="append", metavar="NAME=URL|PATH",
                     help="where to take artifact NAME from instead of its default URL: a mirror URL or a local file "

@@ -157,11 +157,12 @@ def test_a_build_without_the_locked_base_image_id_is_refused_before_anything_is_
     _write_lock(recipe_dir, {"ref": "local/ds41-pp2tp4-sm70:owner", "id": FAKE_ID, "repo_digests": []})
     assert prepare_context(recipe, tmp_path / "ctx", [], None) is True
     first = context_digest(recipe, tmp_path / "ctx")
-    _write_lock(recipe_dir, {"ref": "local/ds41-pp2tp4-sm70:owner", "id": "sha256:" + "cd" * 32, "repo_digests": []})
+    other = "sha256:" + "cd" * 32
+    _write_lock(recipe_dir, {"ref": "local/ds41-pp2tp4-sm70:owner", "id": other, "repo_digests": []})
     assert context_digest(recipe, tmp_path / "ctx") != first
     # The check compares what the host holds (given here) with the lock.
-    assert artifacts.check_base_image(recipe, {"id": "sha256:" + "cd" * 32, "repo_digests": []}) == "sha256:" + "cd" * 32
-    with pytest.raises(UserError, match="is image sha256:abab.*but .* locks sha256:cdcd"):
+    assert artifacts.check_base_image(recipe, {"id": other, "repo_digests": []}) == other
+    with pytest.raises(UserError, match=r"is image sha256:abab.*but .* locks sha256:cdcd"):
         artifacts.check_base_image(recipe, {"id": FAKE_ID, "repo_digests": []})
 
 
@@ -205,4 +206,5 @@ def test_node_checks_compare_the_locked_id_before_any_change():
     check = (REPO / "ansible/roles/preflight/tasks/base_image.yml").read_text()
     assert "== ds4_image_base_id" in check and "docker load -i" in check
     build = (REPO / "ansible/roles/image/tasks/build.yml").read_text()
-    assert build.index("Refuse to build on an owner-supplied base image") < build.index("- name: Build the engine image")
+    refuse = build.index("Refuse to build on an owner-supplied base image")
+    assert refuse < build.index("- name: Build the engine image")
