@@ -206,5 +206,7 @@ def test_node_checks_compare_the_locked_id_before_any_change():
     check = (REPO / "ansible/roles/preflight/tasks/base_image.yml").read_text()
     assert "== ds4_image_base_id" in check and "docker load -i" in check
     build = (REPO / "ansible/roles/image/tasks/build.yml").read_text()
-    refuse = build.index("Refuse to build on an owner-supplied base image")
+    refuse = build.index("import_tasks: owner_base.yml")
     assert refuse < build.index("- name: Build the engine image")
+    owner = (REPO / "ansible/roles/image/tasks/owner_base.yml").read_text()
+    assert "== (image_context.stdout | from_json).base_image.id" in owner
