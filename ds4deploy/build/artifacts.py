@@ -104,7 +104,7 @@ IMAGE_ID_RE = r"^sha256:[0-9a-f]{64}$"
 # tag it was read from): no white space, bounded like Docker's own references (255 characters for the name,
 # https://github.com/distribution/reference, reference.go NameTotalLengthMax, plus a tag of at most 128).
 REPO_DIGEST_RE = r"^[a-z0-9][a-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64}$"
-IMAGE_REF_RE = r"^[a-z0-9][a-z0-9._/:-]{0,254}:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+IMAGE_REF_RE = r"^[a-z0-9][a-z0-9._/:-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
 # The prefix that marks an owner-supplied base image (`owner_base_image`).
 OWNER_BASE_PREFIX = "local/"
 # Seconds for one `docker image inspect` (a local daemon answers in well under a second).
@@ -351,6 +351,10 @@ def inspect_image(ref: str) -> dict | None:
                         "check that the Docker daemon is running (systemctl status docker)") from None
     if proc.returncode != 0:
         err = proc.stderr.strip()
+        if "invalid reference format" in err.lower():
+            raise UserError(f"{ref} is not an image name Docker accepts: {err[:300]}",
+                            "set engine.image.base_image to a lower-case repository with an optional :tag, e.g. "
+                            "local/my-engine:v1")
         if "no such image" in err.lower() or "no such object" in err.lower():
             return None
         raise UserError(f"docker image inspect {ref} failed: {err[:300]}",
@@ -486,7 +490,18 @@ def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, boo
                             "review the diff before committing; otherwise pass the artifact the lock records", code=1)
         if committed.get("base_image") == lock.get("base_image"):
             return committed, path, False
-    ImageLock.model_validate(lock)  # what is written is what load_lock accepts
+    try:
+        ImageLock.model_validate(lock)  # what is written is what load_lock accepts
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        if where.startswith("base_image"):
+            raise UserError(f"engine.image.base_image {base_ref!r} of '{recipe.base_name}' cannot be locked "
+                            f"({where}: {err['msg']}); nothing was written",
+                            "name the image as Docker does (lower-case repository, optional :tag), e.g. "
+                            "local/my-engine:v1") from None
+        raise UserError(f"the lock of '{recipe.base_name}' would not be valid ({where}: {err['msg']}); nothing was "
+                        "written", "pass the artifact from a plain http(s) URL or a local file") from None
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)

@@ -210,3 +210,20 @@ def test_node_checks_compare_the_locked_id_before_any_change():
     assert refuse < build.index("- name: Build the engine image")
     owner = (REPO / "ansible/roles/image/tasks/owner_base.yml").read_text()
     assert "== (image_context.stdout | from_json).base_image.id" in owner
+
+
+def test_a_base_image_name_the_lock_cannot_hold_is_refused_and_nothing_written(recipe_dir, monkeypatch):
+    data = yaml.safe_load((REPO / "recipes" / f"{V100}.yaml").read_text())
+    data["engine"]["image"]["base_image"] = "local/two words:owner"
+    (recipe_dir / f"{V100}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    # As if a daemon answered for it (Docker itself refuses such a reference: the lock must not depend on that).
+    monkeypatch.setattr(artifacts, "inspect_image", lambda ref: {"id": FAKE_ID, "repo_digests": []})
+    with pytest.raises(UserError, match=r"base_image 'local/two words:owner' .* cannot be locked \(base_image.ref"):
+        artifacts.lock_image(load_recipe(V100), {})
+    assert not (recipe_dir / f"{V100}.lock.json").exists()
+
+
+@needs_docker
+def test_a_reference_docker_refuses_is_one_message():
+    with pytest.raises(UserError, match="local/UPPER:x is not an image name Docker accepts"):
+        artifacts.inspect_image("local/UPPER:x")
