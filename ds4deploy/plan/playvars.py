@@ -12,7 +12,9 @@ What is checked depends on what the run does (`SCOPES`); `check_run` is the one 
   preflight rule passes (`ds4deploy.plan.preflight`, which includes the rail-address rule, `rail_problems`), the GPU
   settings are possible per the datasheet, the model can be staged as the recipe says (`ds4deploy.model.staging.
   check_source`: a local model's manifest or MODEL_FROM), an air-gapped bundle matches (online: every locked
-  download of the image build is at hand or its URL answers, `ds4deploy.build.artifacts.check_obtainable`, and a hub
+  download of the image build is at hand or its URL answers, `ds4deploy.build.artifacts.check_obtainable`, an
+  owner-supplied base image has its image ID in the lock, `ds4deploy.build.artifacts.locked_base_image`, which the
+  preflight role compares with each node's image, and a hub
   model's
   pin resolves to the committed manifest's commit, whose files the hub records alike, `ds4deploy.model.fetch.
   check_hub_pin`), and the inventory fits the recipe's nodes (`ds4deploy.plan.nodes.plan`);
