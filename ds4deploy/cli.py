@@ -286,7 +286,10 @@ def _local_copy(recipe, manifest: dict, src: Path | None) -> dict:
 
 
 def cmd_image_context(ns: argparse.Namespace) -> int:
-    """Prepare an image build context; prints {"changed", "context", "image", "sha256", "local_base"}."""
+    """Prepare an image build context; prints {"changed", "context", "image", "sha256", "local_base", "build_args",
+    "base_image"} (base_image: the locked {ref, id} of an owner-supplied base, which each node checks before building;
+    null for a public base)."""
+    from ds4deploy.build.artifacts import locked_base_image
     from ds4deploy.build.image import LOCAL_BASE_IMAGE, build_args, context_digest, prepare_context
     from ds4deploy.recipe.load import load_recipe
 
@@ -296,19 +299,23 @@ def cmd_image_context(ns: argparse.Namespace) -> int:
     changed = prepare_context(recipe, Path(ns.dest), wheel_dirs, ca)
     print(json.dumps({"changed": changed, "context": ns.dest, "image": recipe.image_ref,
                       "sha256": context_digest(recipe, Path(ns.dest)), "local_base": LOCAL_BASE_IMAGE,
-                      "build_args": build_args(recipe)}))
+                      "build_args": build_args(recipe), "base_image": locked_base_image(recipe)}))
     return 0
 
 
 def cmd_image_lock(ns: argparse.Namespace) -> int:
     """Resolve every artifact the recipe's image build downloads (default URL, or --artifact NAME=URL|PATH), hash
-    it and write recipes/<name>.lock.json; a committed lock that disagrees stops (exit 1) naming both digests."""
+    it, read the image ID of an owner-supplied base image on this host, and write recipes/<name>.lock.json; a
+    committed lock that disagrees stops (exit 1) naming both digests."""
     from ds4deploy.build.artifacts import image_artifacts, lock_image, parse_sources
 
     recipe = _load(ns.recipe)
     lock, path, written = lock_image(recipe, parse_sources(ns.artifact or [], image_artifacts(recipe)))
     for name, e in lock["artifacts"].items():
         print(f"{name}: {e['file']} {e['size'] / 1e6:.1f} MB sha256 {e['sha256']}")
+    if base := lock.get("base_image"):
+        print(f"base image: {base['ref']} id {base['id']}"
+              + (f" ({', '.join(base['repo_digests'])})" if base["repo_digests"] else ""))
     print(f"wrote {path}; commit it" if written else f"up to date: {path}")
     return 0
 
@@ -693,7 +700,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--ca-bundle", help="extra CA certificates (PEM) for pip inside the build")
     c.set_defaults(func=cmd_image_context)
     il = ip.add_parser("lock", help="hash every artifact the image build downloads (the Lvllmds4-x wheel, pinned "
-                       "tarballs) and write recipes/<recipe>.lock.json, which builds verify against")
+                       "tarballs), read the image ID of an owner-supplied base image (engine.image.base_image "
+                       "under local/) on this host, and write recipes/<recipe>.lock.json, which builds verify against")
     il.add_argument("recipe")
     il.add_argument("--artifact", action="append", metavar="NAME=URL|PATH",
                     help="where to take artifact NAME from instead of its default URL: a mirror URL or a local file "

@@ -16,9 +16,17 @@ writes ``recipes/<name>.lock.json`` beside the recipe, which the user commits::
      "artifacts": {"LVLLMDS4X": {"file": "lvllmds4_x-2.3.8-...whl", "url": "https://...", "size": 123,
                                  "sha256": "..."}}}
 
-Builds (`locked_files`, `locked_build_args`, used by `ds4deploy.build.image`) require the lock, place each artifact in the
-build context's ``wheelhouse/`` only after its sha256 matched the lock (from the cache, a wheel directory, or a fresh
-download from the locked URL), and pass the locked sha256 as the ``<NAME>_SHA256`` build argument, so the
+An owner-supplied base image (`owner_base_image`: an ``engine.image.base_image`` under ``local/``, an image no
+registry serves, which the owner loads with ``docker load`` or pulls and tags on the node) is locked the same way:
+`lock_image` reads its image ID on this host (``docker image inspect``: the sha256 of the image's config, which
+``docker save``/``docker load`` and registries keep, docs/sources.md#docker-image-id) and records it as
+``"base_image": {"ref": "<the tag>", "id": "sha256:...", "repo_digests": [...]}``; every build refuses a lock
+without it and a host whose image under that tag has another ID (`locked_base_image`, `check_base_image`, and the
+same comparison on each node in ansible/roles/preflight and ansible/roles/image).
+
+Builds (`locked_files`, `locked_build_args`, used by `ds4deploy.build.image`) require the lock, place each artifact in
+the build context's ``wheelhouse/`` only after its sha256 matched the lock (from the cache, a wheel directory, or a
+fresh download from the locked URL), and pass the locked sha256 as the ``<NAME>_SHA256`` build argument, so the
 Dockerfile verifies the same digest again. A lock that disagrees with the artifact stops the build, naming both
 digests; no lock stops it with the command that creates one.
 """
@@ -30,9 +38,11 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -87,13 +97,39 @@ class LockEntry(BaseModel):
     sha256: str = Field(pattern=SHA256_RE)
 
 
+# An image ID as `docker image inspect --format '{{.Id}}'` prints it: the sha256 of the image config
+# (docs/sources.md#docker-image-id).
+IMAGE_ID_RE = r"^sha256:[0-9a-f]{64}$"
+# A repository digest as Docker lists it in RepoDigests (``name@sha256:<64 hex>``), and an image reference (the
+# tag it was read from): no white space, bounded like Docker's own references (255 characters for the name,
+# https://github.com/distribution/reference, reference.go NameTotalLengthMax, plus a tag of at most 128).
+REPO_DIGEST_RE = r"^[a-z0-9][a-z0-9._/:-]{0,254}@sha256:[0-9a-f]{64}$"
+IMAGE_REF_RE = r"^[a-z0-9][a-z0-9._/:-]{0,254}(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$"
+# The prefix that marks an owner-supplied base image (`owner_base_image`).
+OWNER_BASE_PREFIX = "local/"
+# Seconds for one `docker image inspect` (a local daemon answers in well under a second).
+DOCKER_INSPECT_TIMEOUT_S = 30
+
+
+class BaseImageLock(BaseModel):
+    """The owner-supplied base image in ``recipes/<name>.lock.json``: the tag it was read from (`ref`), its image ID
+    (`id`, ``sha256:`` + 64 lower-case hex) and its RepoDigests where the image came from a registry (at most 16)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    ref: str = Field(pattern=IMAGE_REF_RE)
+    id: str = Field(pattern=IMAGE_ID_RE)
+    repo_digests: list[Annotated[str, Field(pattern=REPO_DIGEST_RE)]] = Field(default_factory=list, max_length=16)
+
+
 class ImageLock(BaseModel):
-    """``recipes/<name>.lock.json``: which recipe and image it locks, and each artifact's `LockEntry` by name."""
+    """``recipes/<name>.lock.json``: which recipe and image it locks, each artifact's `LockEntry` by name and, for an
+    owner-supplied base image, its `BaseImageLock`."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     recipe: str
     image: str
     artifacts: dict[str, LockEntry]
+    base_image: BaseImageLock | None = None
 
 
 _ARG = re.compile(r"^\s*ARG\s+([A-Za-z_][A-Za-z0-9_]*)(?:=(.*))?$")
@@ -281,23 +317,155 @@ def parse_sources(values: list[str], arts: list[Artifact]) -> dict[str, str]:
     return out
 
 
+def owner_base_image(recipe: Recipe) -> str | None:
+    """The recipe's base image when its owner supplies it, else None.
+
+    Owner-supplied means ``engine.image.base_image`` lies under ``local/`` (`OWNER_BASE_PREFIX`): the recipe schema's
+    rule for an image no registry serves (the owner's own build, loaded with ``docker load`` or pulled and tagged on
+    the node; ``engine.image.base_image`` in ds4deploy.recipe.schema). Public bases (Debian, CUDA, the debootstrap
+    stand-in) are pinned by their tags and build arguments instead.
+    """
+    base = recipe.engine.image.base_image
+    return base if base.startswith(OWNER_BASE_PREFIX) else None
+
+
+def inspect_image(ref: str) -> dict | None:
+    """What the local Docker daemon knows of image `ref`: ``{"id": "sha256:<64 hex>", "repo_digests": [...]}``, or
+    None when the daemon has no image under that reference.
+
+    ``Id`` is the sha256 of the image config (docs/sources.md#docker-image-id); ``RepoDigests`` is empty for an image
+    that was only loaded or built here.
+
+    Raises:
+        UserError: the docker CLI is missing, the daemon cannot be reached, or it answers with something that is not
+            an image ID.
+    """
+    try:
+        proc = subprocess.run(["docker", "image", "inspect", "--format", "{{json .Id}} {{json .RepoDigests}}", ref],
+                              capture_output=True, text=True, check=False, timeout=DOCKER_INSPECT_TIMEOUT_S)
+    except FileNotFoundError:
+        raise UserError(f"the image ID of {ref} cannot be read: the docker CLI is not installed on this host",
+                        "run this on the host that holds the image (where Docker runs)") from None
+    except subprocess.TimeoutExpired:
+        raise UserError(f"docker image inspect {ref} did not answer in {DOCKER_INSPECT_TIMEOUT_S} s",
+                        "check that the Docker daemon is running (systemctl status docker)") from None
+    if proc.returncode != 0:
+        err = proc.stderr.strip()
+        if "invalid reference format" in err.lower():
+            raise UserError(f"{ref} is not an image name Docker accepts: {err[:300]}",
+                            "set engine.image.base_image to a lower-case repository with an optional :tag, e.g. "
+                            "local/my-engine:v1")
+        if "no such image" in err.lower() or "no such object" in err.lower():
+            return None
+        raise UserError(f"docker image inspect {ref} failed: {err[:300]}",
+                        "check that the Docker daemon is running and that you may use it (docker group)")
+    try:
+        image_id, digests = (json.loads(part) for part in proc.stdout.strip().split(" ", 1))
+    except ValueError:
+        image_id, digests = None, None
+    if not isinstance(image_id, str) or not re.fullmatch(IMAGE_ID_RE, image_id):
+        raise UserError(f"docker image inspect {ref} printed {proc.stdout.strip()[:200]!r}, not an image ID",
+                        "check the docker CLI on this host")
+    return {"id": image_id, "repo_digests": sorted(d for d in (digests or []) if re.fullmatch(REPO_DIGEST_RE, d))}
+
+
+def _supply_fix(recipe: Recipe, ref: str) -> str:
+    return (f"load the image of your engine (`docker load -i <file>`, or `docker pull <name>`) and tag it "
+            f"(`docker tag <loaded image> {ref}`), then run `ds4deploy image lock {recipe.base_name}` again")
+
+
+def locked_base_image(recipe: Recipe) -> dict | None:
+    """The lock's record of the recipe's owner-supplied base image (`owner_base_image`), checked against the recipe;
+    None when the base is not owner-supplied. Reads only the lock (no Docker), so the control host can run it.
+
+    Raises:
+        UserError: no lock, or a lock without ``base_image`` (the fix names ``ds4deploy image lock <recipe>``); a lock
+            whose ``base_image.ref`` is another tag than the recipe's base image; a malformed lock (`load_lock`).
+    """
+    ref = owner_base_image(recipe)
+    if ref is None:
+        return None
+    path = lock_path(recipe)
+    lock = load_lock(recipe)
+    entry = (lock or {}).get("base_image")
+    fix = (f"on the host that holds {ref}, run `ds4deploy image lock {recipe.base_name}` and commit {path.name} "
+           f"(no image there yet: {_supply_fix(recipe, ref)})")
+    if entry is None:
+        where = f"{path} is missing" if lock is None else f"{path} records no base_image"
+        raise UserError(f"{where}: recipe '{recipe.base_name}' builds on {ref}, an image its owner supplies, and no "
+                        "image ID pins it, so another image under the same tag would be built on silently", fix)
+    if entry["ref"] != ref:
+        raise UserError(f"{path.name} locks base image {entry['ref']}, but recipe '{recipe.base_name}' builds on {ref}",
+                        f"delete the base_image entry of {path.name}, then {fix}")
+    return entry
+
+
+def check_base_image(recipe: Recipe, inspected: dict | None = None) -> str | None:
+    """Refuse a build whose owner-supplied base image is not the locked one: the lock records its ID
+    (`locked_base_image`) and this host's image under that tag has the same ID. None when the base is not
+    owner-supplied.
+
+    Args:
+        inspected: this host's `inspect_image` answer for the base (default: read here).
+    Returns:
+        The locked image ID (``sha256:...``), or None.
+    Raises:
+        UserError: see `locked_base_image`; the image is absent on this host (the fix names ``docker load``); code 1
+            when its ID differs from the lock (both IDs named).
+    """
+    entry = locked_base_image(recipe)
+    if entry is None:
+        return None
+    ref = entry["ref"]
+    got = inspected if inspected is not None else inspect_image(ref)
+    if got is None:
+        raise UserError(f"this host has no image {ref} (the base image of '{recipe.base_name}', locked as "
+                        f"{entry['id']})", f"load the image of your engine (`docker load -i <file>` or "
+                        f"`docker pull <name>`), tag it {ref}, and run the build again")
+    if got["id"] != entry["id"]:
+        raise UserError(f"{ref} on this host is image {got['id']}, but {lock_path(recipe).name} locks {entry['id']}; "
+                        "nothing was built", f"load the image the lock records under {ref} (`docker load -i <file>`, "
+                        f"then `docker tag`), or, if your engine changed on purpose, delete the base_image entry of "
+                        f"{lock_path(recipe).name}, run `ds4deploy image lock {recipe.base_name}` and commit it",
+                        code=1)
+    return entry["id"]
+
+
 def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, bool]:
-    """Resolve every artifact of the recipe's image build, hash it and record the lock (module docstring).
+    """Resolve every artifact of the recipe's image build, hash it, read the image ID of an owner-supplied base image
+    on this host, and record the lock (module docstring).
 
     Args:
         sources: ``{NAME: URL or local path}`` overriding an artifact's default URL.
     Returns:
         ``(lock, path, written)``; `written` is False when the committed lock already recorded the same digests.
     Raises:
-        UserError: the image downloads nothing; a source that cannot be read or reached; code 1 when a committed
-            lock disagrees with the artifact (both digests named; the lock is left as it is).
+        UserError: the image has nothing to lock; the owner-supplied base image is not on this host (the image and
+            ``docker load`` named, nothing written); a source that cannot be read or reached; code 1 when a committed
+            lock disagrees with an artifact or with the base image's ID (both named; the lock is left as it is).
     """
     arts = image_artifacts(recipe)
     path = lock_path(recipe)
-    if not arts:
+    base_ref = owner_base_image(recipe)
+    if not arts and base_ref is None:
         raise UserError(f"the {recipe.engine.image.arch} image build of '{recipe.name}' downloads no artifact that "
-                        "needs a lock (no ARG <NAME>_SHA256 in its Dockerfile)", "nothing to lock")
+                        "needs a lock (no ARG <NAME>_SHA256 in its Dockerfile) and builds on no owner-supplied base "
+                        f"image (engine.image.base_image under {OWNER_BASE_PREFIX})", "nothing to lock")
     committed = load_lock(recipe)
+    base = None
+    if base_ref is not None:  # read first: an absent image stops before anything is downloaded or written
+        got = inspect_image(base_ref)
+        if got is None:
+            raise UserError(f"this host has no image {base_ref}, the base image recipe '{recipe.base_name}' builds on "
+                            "(its owner supplies it); nothing was written", _supply_fix(recipe, base_ref))
+        base = {"ref": base_ref, "id": got["id"], "repo_digests": got["repo_digests"]}
+        old = (committed or {}).get("base_image")
+        if old is not None and (old["ref"], old["id"]) != (base_ref, got["id"]):
+            raise UserError(f"{path} disagrees with this host's base image; the committed lock wins and was left as it "
+                            f"is: {base_ref} here is image {got['id']}, {path.name} locks {old['ref']} as {old['id']}",
+                            f"load the image the lock records, or, if your engine changed on purpose, delete the "
+                            f"base_image entry of {path.name}, lock again and review the diff before committing",
+                            code=1)
     entries = {}
     for art in arts:
         source = sources.get(art.name, art.url)
@@ -306,19 +474,34 @@ def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, boo
         # download and never recorded.
         entries[art.name] = {"file": art.file, "url": strip_userinfo(source if _is_url(source) else art.url),
                              "size": size, "sha256": sha}
-    lock = {"recipe": recipe.base_name, "image": recipe.engine.image.arch, "artifacts": entries}
+    lock: dict = {"recipe": recipe.base_name, "image": recipe.engine.image.arch, "artifacts": entries}
+    if base is not None:
+        lock["base_image"] = base
     if committed is not None:
         diff = [f"{n}: {e['file']} has sha256 {e['sha256']}, {path.name} says "
                 f"{committed['artifacts'].get(n, {}).get('sha256')} ({committed['artifacts'].get(n, {}).get('file')})"
                 for n, e in entries.items()
                 if (committed["artifacts"].get(n) or {}).get("sha256") != e["sha256"]
                 or committed["artifacts"][n].get("file") != e["file"]]
-        if not diff:
+        if diff:
+            raise UserError(f"{path} disagrees with the artifact; the committed lock wins and was left as it is:\n  "
+                            + "\n  ".join(diff),
+                            f"if the artifact changed on purpose (a new release), delete {path.name}, lock again and "
+                            "review the diff before committing; otherwise pass the artifact the lock records", code=1)
+        if committed.get("base_image") == lock.get("base_image"):
             return committed, path, False
-        raise UserError(f"{path} disagrees with the artifact; the committed lock wins and was left as it is:\n  "
-                        + "\n  ".join(diff),
-                        f"if the artifact changed on purpose (a new release), delete {path.name}, lock again and "
-                        "review the diff before committing; otherwise pass the artifact the lock records", code=1)
+    try:
+        ImageLock.model_validate(lock)  # what is written is what load_lock accepts
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        if where.startswith("base_image"):
+            raise UserError(f"engine.image.base_image {base_ref!r} of '{recipe.base_name}' cannot be locked "
+                            f"({where}: {err['msg']}); nothing was written",
+                            "name the image as Docker does (lower-case repository, optional :tag), e.g. "
+                            "local/my-engine:v1") from None
+        raise UserError(f"the lock of '{recipe.base_name}' would not be valid ({where}: {err['msg']}); nothing was "
+                        "written", "pass the artifact from a plain http(s) URL or a local file") from None
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
     os.replace(tmp, path)

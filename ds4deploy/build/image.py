@@ -151,15 +151,18 @@ def prepare_context(
     Returns:
         True when any file in the context changed (the image must be rebuilt).
     Raises:
-        UserError: no Dockerfile for the image arch, the torch wheel the build needs is nowhere to be had, or a
-            downloaded artifact has no lock or differs from it (`ds4deploy.build.artifacts.locked_files`).
+        UserError: no Dockerfile for the image arch, the torch wheel the build needs is nowhere to be had, a
+            downloaded artifact has no lock or differs from it (`ds4deploy.build.artifacts.locked_files`), or an
+            owner-supplied base image has no image ID in the lock (`ds4deploy.build.artifacts.locked_base_image`;
+            each node compares its own image with that ID before building, ansible/roles/image/tasks/build.yml).
     """
-    from ds4deploy.build.artifacts import locked_files
+    from ds4deploy.build.artifacts import locked_base_image, locked_files
 
     src_dir = IMAGES_DIR / recipe.engine.image.arch
     dockerfile = src_dir / "Dockerfile"
     if not dockerfile.is_file():
         raise UserError(f"no Dockerfile at {dockerfile}", f"add images/{recipe.engine.image.arch}/Dockerfile")
+    locked_base_image(recipe)  # an owner-supplied base without a locked image ID stops before anything is laid out
     dirs = default_wheel_dirs() if wheel_dirs is None else wheel_dirs
     locked = locked_files(recipe, dirs)  # downloaded artifacts verified against the lock before anything is laid out
     dest.mkdir(parents=True, exist_ok=True)
@@ -212,8 +215,9 @@ def prepare_context(
 
 def context_digest(recipe: Recipe, dest: Path) -> str:
     """sha256 identifying what an image built from `dest` contains: Dockerfile and CA bytes, wheel names and
-    sizes (wheels are immutable by name), the recipe's build args and the locked artifact digests
-    (`build_args`). Stored as the image label ``io.ds4deploy.context-sha256``; the deploy rebuilds whenever the
+    sizes (wheels are immutable by name), the recipe's build args, the locked artifact digests (`build_args`) and
+    the locked image ID of an owner-supplied base (`ds4deploy.build.artifacts.locked_base_image`: another locked
+    image rebuilds the engine image). Stored as the image label ``io.ds4deploy.context-sha256``; the deploy rebuilds whenever the
     label differs."""
     h = hashlib.sha256()
     for f in sorted(p for p in dest.iterdir() if p.is_file()):
@@ -221,6 +225,10 @@ def context_digest(recipe: Recipe, dest: Path) -> str:
     for whl in sorted((dest / "wheelhouse").glob("*.whl")):
         h.update(f"{whl.name}:{whl.stat().st_size}\0".encode())
     h.update(json.dumps(build_args(recipe), sort_keys=True).encode())
+    from ds4deploy.build.artifacts import locked_base_image
+
+    if (base := locked_base_image(recipe)) is not None:
+        h.update(f"base:{base['ref']}:{base['id']}\0".encode())
     return h.hexdigest()
 
 

@@ -12,7 +12,9 @@ What is checked depends on what the run does (`SCOPES`); `check_run` is the one 
   preflight rule passes (`ds4deploy.plan.preflight`, which includes the rail-address rule, `rail_problems`), the GPU
   settings are possible per the datasheet, the model can be staged as the recipe says (`ds4deploy.model.staging.
   check_source`: a local model's manifest or MODEL_FROM), an air-gapped bundle matches (online: every locked
-  download of the image build is at hand or its URL answers, `ds4deploy.build.artifacts.check_obtainable`, and a hub
+  download of the image build is at hand or its URL answers, `ds4deploy.build.artifacts.check_obtainable`, an
+  owner-supplied base image has its image ID in the lock, `ds4deploy.build.artifacts.locked_base_image`, which the
+  preflight role compares with each node's image, and a hub
   model's
   pin resolves to the committed manifest's commit, whose files the hub records alike, `ds4deploy.model.fetch.
   check_hub_pin`), and the inventory fits the recipe's nodes (`ds4deploy.plan.nodes.plan`);
@@ -107,7 +109,8 @@ def play_vars(recipe: Recipe, hosts: dict[str, dict], scope: str = "deploy",
 
     Returns:
         The render's deploy-vars.yml values, `provision_vars`, ``ds4_fabric_node_rails`` / ``ds4_node_rails`` (each
-        host's own rails, `ds4deploy.plan.node_fabric.node_rails`) and (outside ``provision``) ``ds4_node_plan`` and
+        host's own rails, `ds4deploy.plan.node_fabric.node_rails`), ``ds4_image_base_id`` (``deploy``: the locked
+        image ID of an owner-supplied base image, else null) and (outside ``provision``) ``ds4_node_plan`` and
         ``ds4_node``.
 
     Raises:
@@ -120,10 +123,26 @@ def play_vars(recipe: Recipe, hosts: dict[str, dict], scope: str = "deploy",
     out["ds4_fabric_node_rails"] = ({name: node_fabric.as_ansible(node_fabric.node_rails(recipe, name, hv))
                                      for name, hv in hosts.items()} if recipe.fabric is not None else {})
     out["ds4_node_rails"] = NODE_RAILS_TEMPLATE
+    # The locked image ID of an owner-supplied base image (ds4deploy.build.artifacts.owner_base_image), which the
+    # preflight role compares with each node's image before any node is changed; null for a public base.
+    out["ds4_image_base_id"] = _locked_base_id(recipe) if scope == "deploy" else None
     if scope != "provision":
         out["ds4_node_plan"] = as_facts(plan(recipe, hosts))
         out["ds4_node"] = NODE_TEMPLATE
     return out
+
+
+def _locked_base_id(recipe: Recipe) -> str | None:
+    """The locked image ID of the recipe's owner-supplied base image, or None (a public base, or no lock entry yet:
+    `check_run` refuses that before a deploy's plays run)."""
+    from ds4deploy.build.artifacts import locked_base_image, owner_base_image
+
+    if owner_base_image(recipe) is None:
+        return None
+    try:
+        return locked_base_image(recipe)["id"]
+    except UserError:
+        return None
 
 
 class InputsRefused(UserError):
@@ -216,6 +235,9 @@ def check_run(recipe: Recipe, hosts: dict[str, dict] | None, scope: str, invento
         from ds4deploy.build.image import default_wheel_dirs
 
         check_obtainable(recipe, default_wheel_dirs())
+        from ds4deploy.build.artifacts import locked_base_image
+
+        locked_base_image(recipe)  # an owner-supplied base image has an ID in the lock (each node compares its own)
         if recipe.model.source == "hub":
             from ds4deploy.model.fetch import check_hub_pin
 

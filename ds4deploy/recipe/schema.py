@@ -170,7 +170,10 @@ class ImageSpec(Strict):
         description="image repository; the tag is derived (Recipe.image_tag)",
     )
     base_image: str = Field(description="FROM image (build arg BASE_IMAGE; a local debootstrap base stands in for "
-                                        "debian:bookworm-slim where no registry is reachable)")
+                                        "debian:bookworm-slim where no registry is reachable); under local/ it is "
+                                        "owner-supplied (loaded or pulled and tagged by the owner, never pulled by a "
+                                        "deploy) and `ds4deploy image lock` pins its image ID in "
+                                        "recipes/<name>.lock.json")
     tag: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_][A-Za-z0-9_.+-]{0,127}$",
                             description="explicit tag (recipes written before tags were derived); default: derived")
     version_arg: str | None = Field(default=None, pattern=r"^[A-Z][A-Z0-9_]*$",

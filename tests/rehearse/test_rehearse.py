@@ -201,13 +201,19 @@ class Rehearsal:
 
     def _lock_standin_artifacts(self) -> None:
         """An image build that downloads artifacts (sm86: the Lvllmds4-x wheel) needs their lock: made with
-        `ds4deploy image lock` from stand-in files of the same names (the stand-in image is not built from them)."""
+        `ds4deploy image lock` from stand-in files of the same names (the stand-in image is not built from them); an
+        owner-supplied base image (V100) is locked by the image ID of a stand-in tagged under its name."""
         probe = subprocess.run([str(BIN / "ds4deploy"), "image", "context", self.name, "--dest", str(self.tmp / "ctx")],
                                capture_output=True, text=True, env=self.env, check=False, timeout=600)
         if probe.returncode == 0 or "image lock" not in probe.stderr:
             return
-        from ds4deploy.build.artifacts import image_artifacts  # the artifacts the recipe's image build downloads
+        from ds4deploy.build.artifacts import image_artifacts, owner_base_image  # what the recipe's image build needs
 
+        if owner := owner_base_image(self.recipe):
+            # The owner-supplied base (V100: their port's image), which the lock pins by image ID: the stand-in's
+            # base stands in for it, tagged under the recipe's name here and loaded into every node (`_images`).
+            subprocess.run(["docker", "tag", load_recipe("cpu").image_ref, owner], check=True, capture_output=True,
+                           timeout=60)
         args = []
         for art in image_artifacts(self.recipe):
             f = self.tmp / "artifacts" / art.file
@@ -239,7 +245,11 @@ class Rehearsal:
                         "--label", f"io.ds4deploy.context-sha256={self._context_sha256()}",
                         "--label", f"io.ds4deploy.recipe={self.name}", "--label", "io.ds4deploy.rehearsal-standin=1",
                         "-t", image, str(ctx)], check=True, capture_output=True, text=True, timeout=900)
-        wanted = [image] + ([self.deploy_vars["ds4_front_door_image"]] if self.deploy_vars["ds4_front_door"] else [])
+        from ds4deploy.build.artifacts import owner_base_image
+
+        owner = owner_base_image(self.recipe)
+        wanted = ([image] + ([owner] if owner else [])
+                  + ([self.deploy_vars["ds4_front_door_image"]] if self.deploy_vars["ds4_front_door"] else []))
         ids = {ref: subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
                                    text=True, check=True).stdout.strip() for ref in wanted}
         lacking = [node for node in self.nodes

@@ -9,7 +9,9 @@ check_cuda_toolkit.py is tested on real tool output captured on this machine (te
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -165,7 +167,13 @@ def test_cuda_toolkit_check_on_real_tool_output():
         chk.nvcc_release("nvcc: command not found\n")
 
 
-def test_gpu_contexts_need_no_local_torch_wheel(tmp_path):
+def test_gpu_contexts_need_no_local_torch_wheel(tmp_path, recipe_dir):
+    # The V100 image builds on its owner's image, pinned by image ID in its lock (tests/unit/test_owner_base_image.py).
+    for f in (REPO_ROOT / "recipes").glob("*.yaml"):
+        shutil.copy(f, recipe_dir)
+    (recipe_dir / "v100x8-ds41-flash-iq2.lock.json").write_text(json.dumps(
+        {"recipe": "v100x8-ds41-flash-iq2", "image": "sm70", "artifacts": {},
+         "base_image": {"ref": "local/ds41-pp2tp4-sm70:owner", "id": "sha256:" + "ab" * 32, "repo_digests": []}}))
     for name in ("gx10x2-ds4-flash-fp8", "v100x8-ds41-flash-iq2"):
         r = load_recipe(name)
         dest = tmp_path / name

@@ -55,23 +55,28 @@ def _pin(r: Recipe, hosts):
 
 
 def _downloads(r: Recipe) -> bool:
-    from ds4deploy.build.artifacts import image_artifacts
+    from ds4deploy.build.artifacts import image_artifacts, owner_base_image
 
-    return bool(image_artifacts(r))
+    return bool(image_artifacts(r)) or owner_base_image(r) is not None
 
 
-@rule("image-pins", "every downloaded artifact of the image build is locked by sha256 (recipes/<name>.lock.json)",
-      "reproducible builds: images pinned by commit, version or digest, with sha256 for downloaded wheels",
+@rule("image-pins", "every downloaded artifact of the image build is locked by sha256, and an owner-supplied base "
+      "image by its image ID (recipes/<name>.lock.json)",
+      "reproducible builds: images pinned by commit, version or digest, with sha256 for downloaded wheels; the "
+      "image ID is the sha256 of the image config (docs/sources.md#docker-image-id)",
       _downloads)
 def _pins(r: Recipe, hosts):
-    """Reads the lock only (no download, no hashing): builds verify each artifact's bytes against it."""
-    from ds4deploy.build.artifacts import locked_build_args
+    """Reads the lock only (no download, no hashing, no Docker): builds verify each artifact's bytes against it, and
+    each node the image ID of an owner-supplied base (ds4deploy.build.artifacts.check_base_image)."""
+    from ds4deploy.build.artifacts import locked_base_image, locked_build_args
 
     try:
         pins = locked_build_args(r)
+        base = locked_base_image(r)
     except UserError as exc:
         return "fail", exc.cause, exc.fix
-    return "pass", ", ".join(f"{k}={v[:12]}..." for k, v in pins.items()), ""
+    shown = [f"{k}={v[:12]}..." for k, v in pins.items()] + ([f"{base['ref']}={base['id'][:19]}..."] if base else [])
+    return "pass", ", ".join(shown), ""
 
 
 @rule("bench-max-tokens", "benchmarks set max_tokens when the server's default thinking is unbounded",
