@@ -15,6 +15,8 @@ from ds4deploy.build.engine_venv import ENGINE_PYTHON
 from ds4deploy.recipe.load import all_recipes
 from ds4deploy.render.compose import node_files
 
+pytestmark = pytest.mark.tool  # runs a real tool or waits in real time: not in `make check-fast`
+
 # One definition of which flags vLLM's parser is not shown: the stand-in engine's (tests/rehearse/standin/engine.py,
 # standard library only because it runs inside the stand-in image), loaded here by path.
 _spec = importlib.util.spec_from_file_location(

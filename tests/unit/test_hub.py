@@ -13,6 +13,8 @@ from ds4deploy.recipe.load import load_recipe
 from tests.support.fakehub import FakeHub
 from tests.unit.conftest import run_cli, write_variant
 
+pytestmark = pytest.mark.tool  # runs a hub server with real stall timeouts: not in `make check-fast`
+
 SHA = "9e165c30" + "0" * 32
 REPO_ID = "ds4/tiny-hub"
 

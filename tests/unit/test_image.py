@@ -40,6 +40,7 @@ def test_context_layout_and_change_detection(tmp_path, wheels):
     assert not (ctx / "wheelhouse" / "extra-1.0-py3-none-any.whl").exists()
 
 
+@pytest.mark.tool
 def test_missing_torch_wheel_is_one_clear_message(tmp_path, monkeypatch):
     # An index nobody listens on: pip fails at once, the same way an unreachable PyTorch index does.
     monkeypatch.setattr(image, "TORCH_CPU_INDEX", "http://127.0.0.1:9/simple")

@@ -96,6 +96,7 @@ def _sm70_checks(text: str) -> list[str]:
     return re.findall(r'python3 -c "([^"]+)"', text)
 
 
+@pytest.mark.tool
 def test_sm70_checks_run_without_a_gpu_and_refuse_a_cpu_engine():
     """The image's checks, run for real with this machine's CPU vLLM (.cache/engine-venv): each evaluates without a
     GPU; the CUDA and sm_70 checks refuse that engine. vLLM 0.32 has the DeepSeek-V4.1 package upstream, so the

@@ -302,6 +302,7 @@ def test_instance_count_is_derived_from_ram_and_vram():
     assert instance_count(roomy)[0] == 4
 
 
+@pytest.mark.tool
 def test_cli_with_inventory_and_exit_codes(tmp_path, locked_gx10):
     """The rules with the inventory's host facts, then the deploy's control-host checks (the committed render, the
     node plan); --no-nodes leaves out reading the nodes (these hosts do not exist) and says so."""
@@ -420,6 +421,7 @@ def test_front_door_port_clash_is_refused_by_the_cli_with_cause_and_fix(recipe_d
     assert "engine_port" in p.stdout and "Traceback" not in p.stdout + p.stderr
 
 
+@pytest.mark.tool
 def test_cli_runs_the_deploys_control_host_checks_without_an_inventory(recipe_dir, tmp_path):
     """Without an inventory the preflight still refuses what `ds4deploy vars` (the deploy's first step) refuses
     without one: an unrendered recipe, a MODEL_FROM for a model that is not local; and says the nodes were not read."""
@@ -436,6 +438,7 @@ def test_cli_runs_the_deploys_control_host_checks_without_an_inventory(recipe_di
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.tool
 def test_cli_refuses_a_local_model_the_deploy_could_not_check_on_the_nodes(recipe_dir):
     """A local model placed on the nodes by hand: no manifest, or one without sha256, is refused by the preflight
     as by the deploy's staging step (ds4deploy.model.staging.check_source), naming the fix."""

@@ -42,6 +42,7 @@ def test_the_committed_reference_is_fresh_and_covers_every_field():
     assert "`coding-agent-fit`" in row and "`output-cap`" in row and "`gb10-fixed-kv`" in row
 
 
+@pytest.mark.tool
 def test_check_refuses_a_stale_or_missing_reference(tmp_path):
     stale = tmp_path / "recipe-reference.md"
     with pytest.raises(UserError, match="is missing") as err:
@@ -55,6 +56,7 @@ def test_check_refuses_a_stale_or_missing_reference(tmp_path):
     assert reference.write_or_check(True, stale) == f"{stale} is fresh"
 
 
+@pytest.mark.tool
 def test_the_cli_checks_the_committed_reference():
     p = run_cli("recipe", "reference", "--check")
     assert p.returncode == 0, p.stderr

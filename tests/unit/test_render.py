@@ -16,6 +16,7 @@ from ds4deploy.render import compose as render
 from tests.unit.conftest import REPO, run_cli, write_variant
 
 
+@pytest.mark.tool
 def test_committed_renders_are_fresh():
     p = run_cli("render", "--check")
     assert p.returncode == 0, p.stderr
@@ -26,6 +27,7 @@ def test_render_is_deterministic():
     assert render.render(r).files == render.render(r).files
 
 
+@pytest.mark.tool
 def test_stale_render_is_reported_and_exit_1(recipe_dir):
     assert run_cli("render", "cpu", env_dir=recipe_dir).returncode == 0
     compose = recipe_dir.parent / "compose" / "cpu" / "compose.yaml"
@@ -146,6 +148,7 @@ def test_ipv6_and_host_network_renders(recipe_dir):
     assert "front-door.conf.template" not in files
 
 
+@pytest.mark.tool
 def test_orphaned_render_directory_is_reported(recipe_dir):
     assert run_cli("render", env_dir=recipe_dir).returncode == 0
     (recipe_dir.parent / "compose" / "deleted-recipe").mkdir()

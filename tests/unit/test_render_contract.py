@@ -72,6 +72,7 @@ REFUSED = {
 }
 
 
+@pytest.mark.tool
 @pytest.mark.parametrize("case", sorted(REFUSED))
 def test_each_handed_case_is_refused_cleanly(case, tmp_path):
     recipe = next(p for p in (CASES / case).iterdir() if p.suffix == ".yaml")
@@ -86,6 +87,7 @@ def test_each_handed_case_is_refused_cleanly(case, tmp_path):
     assert v.returncode == 2 and REFUSED[case] in v.stderr
 
 
+@pytest.mark.tool
 def test_render_all_is_all_or_nothing(tmp_path):
     out = tmp_path / "compose"
     p = cli("render", env={"DS4_RECIPES_DIR": str(CASES / "32d-render-all-partial" / "recipes"),
@@ -150,6 +152,7 @@ def test_every_committed_render_delivers_the_recipe_exactly(recipe):
        arg_value=st.text(alphabet=st.characters(blacklist_characters="\x00"), max_size=40).filter(
            lambda s: s.lstrip()[:1] not in ("{", "[")),
        json_text=st.text(max_size=20))
+@pytest.mark.tool
 def test_random_strings_survive_compose(recipe_dir, env_value, arg_value, json_text):
     """Random strings with $, quotes, braces, backslashes and any unicode: what the engine gets is the recipe's."""
     path = write_variant(recipe_dir, "prop", lambda d: (
@@ -275,6 +278,7 @@ def test_env_values_are_one_line(recipe_dir):
 
 # --- inventories, read as Ansible reads them ---------------------------------------------------------------------
 
+@pytest.mark.tool
 def test_inventory_ini_ranges_group_vars_and_templates(tmp_path):
     (tmp_path / "group_vars").mkdir()
     (tmp_path / "group_vars" / "gpu.yml").write_text("ds4_kernel: 6.17.0\n")
@@ -311,6 +315,7 @@ def test_inventory_that_ansible_cannot_parse(tmp_path):
         read_inventory(inv)
 
 
+@pytest.mark.tool
 def test_nodes_named_by_templates_are_two_machines():
     """The handed good inventory, with ansible_host templated from another variable: still two distinct nodes."""
     from ds4deploy.plan.nodes import plan

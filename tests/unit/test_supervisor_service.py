@@ -20,6 +20,8 @@ from ds4deploy.operate import service as supervisor_service
 from ds4deploy.recipe.load import load_recipe
 from tests.unit.conftest import REPO
 
+pytestmark = pytest.mark.tool  # runs a real tool or waits in real time: not in `make check-fast`
+
 
 @pytest.mark.parametrize(("mode", "ok"), [(0o600, True), (0o400, True), (0o640, False), (0o604, False),
                                           (0o620, False)])

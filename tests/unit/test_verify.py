@@ -171,6 +171,7 @@ def test_default_workers_are_the_usable_cores():
     assert verify.default_workers() == len(os.sched_getaffinity(0))
 
 
+@pytest.mark.tool
 def test_cli_table_json_full_and_exit_codes(recipe_dir, tmp_path):
     from ds4deploy.model.tiny import TinyModelSpec, generate
     from ds4deploy.recipe.load import load_recipe
