@@ -70,20 +70,30 @@ class Reading:
         return self.running + self.waiting
 
 
+def _reading(text: str, names: tuple[str, ...], running: str, waiting: str, hint: str) -> Reading:
+    """Sum the samples of `names` on a Prometheus text page over their labels -> `Reading` (`running` and `waiting`
+    are the family's gauges, both among `names`).
+
+    Raises:
+        ValueError: the page is not Prometheus text, or lacks either gauge (the message names both, then `hint`).
+    """
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in names:
+                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    if running not in sums or waiting not in sums:
+        raise ValueError(f"no {running} / {waiting} on the metrics page{hint}")
+    return Reading(sums[running], sums[waiting], tuple(sorted(sums.items())))
+
+
 def parse_vllm_metrics(text: str) -> Reading:
     """A vLLM /metrics page (Prometheus text format) -> `Reading`.
 
     Raises:
         ValueError: the page is not Prometheus text, or lacks the running/waiting gauges (not a vLLM engine).
     """
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in VLLM_PROGRESS:
-                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
-    if VLLM_RUNNING not in sums or VLLM_WAITING not in sums:
-        raise ValueError(f"no {VLLM_RUNNING} / {VLLM_WAITING} on the metrics page")
-    return Reading(sums[VLLM_RUNNING], sums[VLLM_WAITING], tuple(sorted(sums.items())))
+    return _reading(text, VLLM_PROGRESS, VLLM_RUNNING, VLLM_WAITING, "")
 
 
 def read_vllm(url: str, key: str | None, timeout_s: float) -> Reading:
@@ -135,15 +145,8 @@ def parse_llamacpp_metrics(text: str) -> Reading:
         ValueError: the page is not Prometheus text, or lacks the requests_processing / requests_deferred gauges
             (not a llama-server, or one started without ``--metrics``).
     """
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in LLAMACPP_PROGRESS:
-                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
-    if LLAMACPP_RUNNING not in sums or LLAMACPP_WAITING not in sums:
-        raise ValueError(f"no {LLAMACPP_RUNNING} / {LLAMACPP_WAITING} on the metrics page "
-                         "(llama-server serves them only when started with --metrics)")
-    return Reading(sums[LLAMACPP_RUNNING], sums[LLAMACPP_WAITING], tuple(sorted(sums.items())))
+    return _reading(text, LLAMACPP_PROGRESS, LLAMACPP_RUNNING, LLAMACPP_WAITING,
+                    " (llama-server serves them only when started with --metrics)")
 
 
 def read_llamacpp(url: str, key: str | None, timeout_s: float) -> Reading:

@@ -95,6 +95,14 @@ def fault_proxy(upstream: str, fault: str) -> Iterator[str]:
 
     app = web.Application(client_max_size=64 * 1024**2)
     app.router.add_route("*", "/{tail:.*}", forward)
+    with serve_in_thread(app) as url:
+        yield url
+
+
+@contextmanager
+def serve_in_thread(app: web.Application) -> Iterator[str]:
+    """Serve the aiohttp `app` on a free loopback port from its own event loop in a daemon thread; yields its base
+    URL (``http://127.0.0.1:<port>``) and cleans the app up and stops the loop on exit."""
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(app)
     loop.run_until_complete(runner.setup())

@@ -37,7 +37,7 @@ from ds4deploy.engines.vllm import engine_env
 from ds4deploy.model.tiny import TinyModelSpec, generate
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.recipe.load import load_recipe
-from tests.support.fault_proxy import FAULTS, fault_proxy, wrap_arguments
+from tests.support.fault_proxy import FAULTS, fault_proxy, serve_in_thread, wrap_arguments
 from tests.support.real_clients import run_claude, run_llm
 from tests.unit.conftest import run_cli
 from tools.benchval.stack import wait_healthy
@@ -319,20 +319,8 @@ def doubling_proxy(upstream: str):
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", forward)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(app)
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = site._server.sockets[0].getsockname()[1]
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=30)
-        loop.call_soon_threadsafe(loop.stop)
-        t.join(timeout=30)
+    with serve_in_thread(app) as url:
+        yield url
 
 
 def test_matrix_fails_a_server_that_sends_tool_calls_twice(server, tmp_path):
