@@ -76,6 +76,9 @@ def test_a_frozen_engine_is_restarted_by_the_deployed_supervisor():
 # that was only busy.
 BUSY_PROBE_TIMEOUT_S = 5
 BUSY_CLIENTS = 16  # 4 running (max_num_seqs) and 12 queued at any time
+# Checks of the supervisor under test, every one under the load: each reads the busy engine's counters, whose
+# /metrics answers late under this queue (seconds each on the 2-core host), and none may probe or restart.
+BUSY_CHECKS = 6
 
 
 def test_a_busy_engine_is_not_restarted(tmp_path):
@@ -120,7 +123,7 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
         sup = subprocess.Popen([str(VENV_BIN / "ds4deploy"), "supervise", "cpu", "--inventory",
                                 str(REPO / "ansible" / "inventories" / "local.yml"), "--interval", "2",
                                 "--probe-every", "2", "--probe-timeout", str(BUSY_PROBE_TIMEOUT_S),
-                                "--journal", str(journal), "--cycles", "15"], stdout=subprocess.DEVNULL,
+                                "--journal", str(journal), "--cycles", str(BUSY_CHECKS)], stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
         t0 = time.monotonic()
         waited = httpx.post(f"{url}/v1/completions", headers=headers, timeout=300,
