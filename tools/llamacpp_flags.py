@@ -52,7 +52,8 @@ def parse(src: str) -> dict[str, dict]:
     """``{flag: {"value": bool, "negation": bool}}`` for every option llama-server accepts."""
     flags: dict[str, dict] = {}
     for call in _calls(src):
-        body = call[len("add_opt(common_arg("):]
+        # A whole-line comment may stand before the names (`// note: "-mmdev" must sort after ...`).
+        body = re.sub(r"^\s*//[^\n]*\n", "", call[len("add_opt(common_arg("):], flags=re.M)
         lists = re.match(r"\s*\{([^}]*)\}\s*,\s*(?:\{([^}]*)\}\s*,\s*)?(\"[^\"]*\"\s*,)?", body)
         if not lists:
             continue

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from ds4deploy.build.image import LOCAL_BASE_IMAGE, build_args, prepare_context
-from ds4deploy.engines.llamacpp import gguf_parts
-from ds4deploy.model.tiny_gguf import SPLIT_STEM, TinyGgufSpec, chat_template_from, generate
+from ds4deploy.engines.llamacpp import SPLIT_RE, gguf_parts
+from ds4deploy.model.tiny_gguf import TinyGgufSpec, chat_template_from, generate
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.paths import REPO_ROOT
 
@@ -76,7 +76,7 @@ def tiny_models(tmp_path_factory, chat_template):
         key = (file, parts)
         if key not in made:
             names = gguf_parts(file, parts)
-            stem = SPLIT_STEM.sub("", names[0]) if parts > 1 else names[0].removesuffix(".gguf")
+            stem = SPLIT_RE.match(names[0])["stem"] if parts > 1 else names[0].removesuffix(".gguf")
             dest = tmp_path_factory.mktemp("gguf")
             generate(dest, TinyGgufSpec(parts=parts, stem=stem), chat_template)
             made[key] = dest

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import time
@@ -173,11 +174,15 @@ def test_flag_registry_matches_the_built_server(llamacpp_image):
 
     out = subprocess.run(["docker", "run", "--rm", llamacpp_image, "llama-server", "--help"],
                          capture_output=True, text=True, check=True).stdout
+    # A flag line starts at column 0 ("-t,    --threads N   help..."); help text continues indented below it and
+    # section headers read "----- common params -----".
     printed = set()
     for line in out.splitlines():
-        head = line.strip().split("  ", 1)[0]
-        if head.startswith("-"):
-            printed.update(tok.rstrip(",") for tok in head.replace(",", " ").split() if tok.startswith("-"))
+        if not line.startswith("-") or line.startswith("-----"):
+            continue
+        # The help column starts at 40 (common/arg.cpp, common_arg::to_string); longer flag text has its help below.
+        flags = line[:40] if len(line) > 40 and line[38:40] == "  " else line
+        printed.update(re.findall(r"(?:^|[\s,])(--?[A-Za-z0-9][A-Za-z0-9_.-]*)", flags))
     registry = set(known_flags())
     assert printed - registry == set(), f"--help flags missing from the registry: {sorted(printed - registry)}"
     assert registry - printed == set(), f"registry flags --help does not print: {sorted(registry - printed)}"
