@@ -153,7 +153,21 @@ def redact(text: str) -> str:
     text = strip_userinfo(text)
     for _, rx in TOKEN_SHAPES:
         text = rx.sub("<redacted>", text)
-    return _TOKEN_RUN.sub(lambda m: "<redacted>" if high_entropy(m.group(0)) else m.group(0), text)
+    return _TOKEN_RUN.sub(_redact_run, text)
+
+
+_TIMESTAMP = re.compile(r"\d{8}T\d{6}Z")
+
+
+def _redact_run(m: re.Match) -> str:
+    """One `_TOKEN_RUN` match, masked when high-entropy. An absolute path is judged one component at a time, so an
+    incident folder or a cache digest in an error message stays readable and only a token-shaped component (a key
+    pasted into a path) is masked; a run that does not start with '/' (base64 tokens carry '/' too) is judged whole.
+    A UTC timestamp in ISO 8601 basic form (``20261201T161530Z``, how incident folders are named) is no token."""
+    run = m.group(0)
+    if run.startswith("/"):
+        return "/".join("<redacted>" if high_entropy(_TIMESTAMP.sub("", part)) else part for part in run.split("/"))
+    return "<redacted>" if high_entropy(run) else run
 
 
 def _fmt(path: tuple) -> str:

@@ -378,3 +378,19 @@ def test_every_reader_refuses_quickly_with_one_message():
     with pytest.raises(UserError):
         parse_strict((CASES / "y06-billion-laughs" / "y06.yaml").read_text(), "y06.yaml")
     assert time.process_time() - start < 5
+
+
+def test_printed_errors_keep_paths_and_mask_tokens_in_them():
+    """Every printed error goes through `redact`: an incident folder, a cache digest and a timestamped name in a path
+    stay readable (the cause must be findable), a token-shaped path component and free-standing tokens, '/' in them
+    or not, are masked."""
+    from ds4deploy.core.secret_scan import redact
+
+    folder = "/var/lib/ds4deploy/incidents/cpu-2node-tp/20261201T161530Z-engine-down/node-a.log"
+    digest = "/root/.cache/ds4deploy/artifacts/" + "832db069" * 8 + "/llama_cpp_python-0.3.36.tar.gz"
+    assert redact(f"cannot read {folder}") == f"cannot read {folder}"
+    assert redact(digest) == digest
+    token = "Q7fz9KpL2mXw4RtY8vBn6cHj3dGs5aEu"
+    assert redact(f"/tmp/x/{token}/recipe.yaml") == "/tmp/x/<redacted>/recipe.yaml"
+    slashed = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY9z"  # base64 with '/', not a path
+    assert redact(f"secret {slashed} and sk-{token}") == "secret <redacted> and <redacted>"
