@@ -390,7 +390,7 @@ def test_printed_errors_keep_paths_and_mask_tokens_in_them():
     digest = "/root/.cache/ds4deploy/artifacts/" + "832db069" * 8 + "/llama_cpp_python-0.3.36.tar.gz"
     assert redact(f"cannot read {folder}") == f"cannot read {folder}"
     assert redact(digest) == digest
-    token = "Q7fz9KpL2mXw4RtY8vBn6cHj3dGs5aEu"
-    assert redact(f"/tmp/x/{token}/recipe.yaml") == "/tmp/x/<redacted>/recipe.yaml"
+    fake = "Q7fz9KpL2mXw4RtY8vBn6cHj3dGs5aEu"  # a made-up random run
+    assert redact(f"/tmp/x/{fake}/recipe.yaml") == "/tmp/x/<redacted>/recipe.yaml"
     slashed = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY9z"  # base64 with '/', not a path
-    assert redact(f"secret {slashed} and sk-{token}") == "secret <redacted> and <redacted>"
+    assert redact(f"secret {slashed} and sk-{fake}") == "secret <redacted> and <redacted>"
