@@ -70,6 +70,17 @@ class Reading:
         return self.running + self.waiting
 
 
+def _metrics_page(url: str, key: str | None, timeout_s: float) -> str:
+    """GET <url>/metrics with the key as a bearer token; the page's text.
+
+    Raises:
+        httpx.HTTPError: no answer within `timeout_s`, or a status other than 200.
+    """
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    r = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout_s)
+    r.raise_for_status()
+    return r.text
+
 def _reading(text: str, names: tuple[str, ...], running: str, waiting: str, hint: str) -> Reading:
     """Sum the samples of `names` on a Prometheus text page over their labels -> `Reading` (`running` and `waiting`
     are the family's gauges, both among `names`).
@@ -103,10 +114,7 @@ def read_vllm(url: str, key: str | None, timeout_s: float) -> Reading:
         httpx.HTTPError: no answer within `timeout_s`, or a status other than 200.
         ValueError: see `parse_vllm_metrics`.
     """
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout_s)
-    r.raise_for_status()
-    return parse_vllm_metrics(r.text)
+    return parse_vllm_metrics(_metrics_page(url, key, timeout_s))
 
 
 # llama-server's /metrics page (pinned llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f, as vendored by
@@ -158,10 +166,7 @@ def read_llamacpp(url: str, key: str | None, timeout_s: float) -> Reading:
             without ``--metrics``, 401 on a wrong key).
         ValueError: see `parse_llamacpp_metrics`.
     """
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = httpx.get(f"{url}/metrics", headers=headers, timeout=timeout_s)
-    r.raise_for_status()
-    return parse_llamacpp_metrics(r.text)
+    return parse_llamacpp_metrics(_metrics_page(url, key, timeout_s))
 
 
 # Engine family (``engine.family``: every vLLM build, stock, CPU or fork, serves the same /metrics; ``llamacpp``:
