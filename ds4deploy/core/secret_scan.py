@@ -150,10 +150,7 @@ def redact_shapes(text: str) -> str:
 def redact(text: str) -> str:
     """`text` with every credential shape masked (`TOKEN_SHAPES` matches and high-entropy runs as ``<redacted>``,
     URL userinfo removed): applied to every message before it is printed."""
-    text = strip_userinfo(text)
-    for _, rx in TOKEN_SHAPES:
-        text = rx.sub("<redacted>", text)
-    return _TOKEN_RUN.sub(_redact_run, text)
+    return _TOKEN_RUN.sub(_redact_run, redact_shapes(text))
 
 
 _TIMESTAMP = re.compile(r"\d{8}T\d{6}Z")
