@@ -400,6 +400,16 @@ def locked_base_image(recipe: Recipe) -> dict | None:
     return entry
 
 
+def pinned_base_id(recipe: Recipe) -> str | None:
+    """The locked image ID of the recipe's owner-supplied base image, or None: a public base, or one not pinned yet
+    (no lock, no ``base_image`` entry, another tag, a malformed lock: `locked_base_image` says which, and the deploy's
+    `check_run` and the build refuse it). For what only reports or passes the ID on."""
+    try:
+        entry = locked_base_image(recipe)
+    except UserError:
+        return None
+    return entry["id"] if entry is not None else None
+
 def check_base_image(recipe: Recipe, inspected: dict | None = None) -> str | None:
     """Refuse a build whose owner-supplied base image is not the locked one: the lock records its ID
     (`locked_base_image`) and this host's image under that tag has the same ID. None when the base is not

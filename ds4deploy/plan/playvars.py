@@ -125,24 +125,13 @@ def play_vars(recipe: Recipe, hosts: dict[str, dict], scope: str = "deploy",
     out["ds4_node_rails"] = NODE_RAILS_TEMPLATE
     # The locked image ID of an owner-supplied base image (ds4deploy.build.artifacts.owner_base_image), which the
     # preflight role compares with each node's image before any node is changed; null for a public base.
-    out["ds4_image_base_id"] = _locked_base_id(recipe) if scope == "deploy" else None
+    from ds4deploy.build.artifacts import pinned_base_id
+
+    out["ds4_image_base_id"] = pinned_base_id(recipe) if scope == "deploy" else None
     if scope != "provision":
         out["ds4_node_plan"] = as_facts(plan(recipe, hosts))
         out["ds4_node"] = NODE_TEMPLATE
     return out
-
-
-def _locked_base_id(recipe: Recipe) -> str | None:
-    """The locked image ID of the recipe's owner-supplied base image, or None (a public base, or no lock entry yet:
-    `check_run` refuses that before a deploy's plays run)."""
-    from ds4deploy.build.artifacts import locked_base_image, owner_base_image
-
-    if owner_base_image(recipe) is None:
-        return None
-    try:
-        return locked_base_image(recipe)["id"]
-    except UserError:
-        return None
 
 
 class InputsRefused(UserError):

@@ -113,8 +113,7 @@ def status(r: Recipe) -> str:
 
 def owner_steps(r: Recipe) -> list[str]:
     """What an owner of the hardware still has to do before `make deploy`, from what is committed now."""
-    from ds4deploy.build.artifacts import image_artifacts, lock_path, locked_base_image, owner_base_image
-    from ds4deploy.core.errors import UserError
+    from ds4deploy.build.artifacts import image_artifacts, lock_path, owner_base_image, pinned_base_id
     from ds4deploy.engines.engine_registry import load_registry
     from ds4deploy.model.manifest import manifest_path
 
@@ -124,13 +123,8 @@ def owner_steps(r: Recipe) -> list[str]:
     if registry is not None and not registry.public:
         steps.append(f"supply the engine: load (`docker load`) or pull the image of your own engine on each node and "
                      f"tag it {r.engine.image.base_image} (the recipe's engine.image.base_image; it is not public)")
-    if (owner := owner_base_image(r)) is not None:
-        try:
-            pinned = locked_base_image(r) is not None
-        except UserError:
-            pinned = False
-        if not pinned:
-            steps.append(f"pin that image: `ds4deploy image lock {name}` on a node that holds {owner} (records its "
+    if (owner := owner_base_image(r)) is not None and pinned_base_id(r) is None:
+        steps.append(f"pin that image: `ds4deploy image lock {name}` on a node that holds {owner} (records its "
                          f"image ID; every node and build is checked against it), commit recipes/{name}.lock.json")
     inventory = ""
     if r.container.node_network is not None:

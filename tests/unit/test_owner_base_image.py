@@ -169,14 +169,13 @@ def test_a_build_without_the_locked_base_image_id_is_refused_before_anything_is_
 
 
 def test_the_deploy_carries_the_locked_id_to_the_node_checks(recipe_dir):
-    from ds4deploy.plan import playvars
-
     shutil.copy(REPO / "recipes" / f"{V100}.yaml", recipe_dir)
     recipe = load_recipe(V100)
-    assert playvars._locked_base_id(recipe) is None
+    pinned_base_id = artifacts.pinned_base_id  # what play_vars passes the nodes as ds4_image_base_id
+    assert pinned_base_id(recipe) is None
     _write_lock(recipe_dir, {"ref": "local/ds41-pp2tp4-sm70:owner", "id": FAKE_ID, "repo_digests": []})
-    assert playvars._locked_base_id(recipe) == FAKE_ID
-    assert playvars._locked_base_id(load_recipe("cpu")) is None
+    assert pinned_base_id(recipe) == FAKE_ID
+    assert pinned_base_id(load_recipe("cpu")) is None
 
 
 @pytest.mark.parametrize(("base", "field"), [
