@@ -89,10 +89,10 @@ class Echo(BaseHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def running_proxy(tmp: Path, recipe: str = "cpu"):
-    """nginx with `recipe`'s rendered front door in front of `Echo`, logging into `tmp`; yields (base URL,
-    nginx's process). Stopped with SIGTERM at the end unless the caller stopped it."""
-    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+def running_proxy(tmp: Path, recipe: str = "cpu", handler: type[BaseHTTPRequestHandler] | None = None):
+    """nginx with `recipe`'s rendered front door in front of `handler` (default `Echo`), logging into `tmp`; yields
+    (base URL, nginx's process). Stopped with SIGTERM at the end unless the caller stopped it."""
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), handler or Echo)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
     port = _free_port()
     conf = tmp / "nginx.conf"
@@ -594,36 +594,17 @@ def test_the_proxy_closes_an_idle_engine_connection_before_the_engine_does(tmp_p
     engine is closing was answered 502 "upstream prematurely closed connection" under load (cpu stack, 2026-12-01).
     The rendered keep-alive makes nginx close first: after one request, the engine side sees the proxy hang up
     within the rendered time, never its own idle timeout."""
-    upstream = ThreadingHTTPServer(("127.0.0.1", 0), ClosesIdle)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    port = _free_port()
-    conf = tmp_path / "nginx.conf"
-    recipe = load_recipe("cpu")
-    conf.write_text(keyed(render.render(recipe).files[front_door.TEMPLATE_FILE], f"127.0.0.1:{port}",
-                          f"127.0.0.1:{upstream.server_port}", tmp_path))
-    proc = subprocess.Popen([NGINX, "-e", f"{tmp_path}/error.log", "-c", str(conf), "-g", "daemon off;"])
-    try:
-        for _ in range(50):
-            with contextlib.suppress(httpx.HTTPError):
-                httpx.get(f"http://127.0.0.1:{port}/health", timeout=1)
-                break
-            time.sleep(0.1)
-        ClosesIdle.ended.clear()
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", headers={"x-api-key": KEY}, json={"p": 1})
+    with running_proxy(tmp_path, handler=ClosesIdle) as (url, _):
+        ClosesIdle.ended.clear()  # the start-up wait's own connection
+        r = httpx.post(f"{url}/v1/completions", headers={"x-api-key": KEY}, json={"p": 1})
         t0 = time.monotonic()
         assert r.status_code == 200
-        keep = front_door.upstream_keepalive_s(recipe)
-        assert keep < ClosesIdle.timeout
+        assert front_door.upstream_keepalive_s(load_recipe("cpu")) < ClosesIdle.timeout
         deadline = t0 + ClosesIdle.timeout + 2
         while not ClosesIdle.ended and time.monotonic() < deadline:
             time.sleep(0.05)
         how, when = ClosesIdle.ended[0]
         assert how == "peer" and when - t0 < ClosesIdle.timeout, (how, when - t0)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-        upstream.shutdown()
-
 
 def test_a_changed_front_door_config_changes_its_service():
     """nginx reads its config only at start and the config is a bind-mounted file, whose content compose does not
