@@ -479,6 +479,17 @@ def cmd_nodes_plan(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_nodes_wait(ns: argparse.Namespace) -> int:
+    """Wait until a starting group's head answers /health while every node's containers run; exit 2 naming the node
+    whose containers stopped (see ds4deploy.operate.group_wait)."""
+    from ds4deploy.operate.group_wait import wait_for_group
+    from ds4deploy.operate.supervisor import make_target
+    from ds4deploy.recipe.load import load_recipe
+
+    print(wait_for_group(make_target(load_recipe(ns.recipe), Path(ns.inventory)), ns.timeout))
+    return 0
+
+
 def cmd_incident_collect(ns: argparse.Namespace) -> int:
     """Save every node's engine logs and container states into an incident folder before a stop; print its JSON
     (dir, earliest fatal line, message). See ds4deploy.operate.incidents."""
@@ -765,6 +776,12 @@ def build_parser() -> argparse.ArgumentParser:
     npp.add_argument("recipe")
     npp.add_argument("--inventory", required=True, help="YAML Ansible inventory (ds4_node_rank, ds4_host_ip)")
     npp.set_defaults(func=cmd_nodes_plan)
+    npw = npl.add_parser("wait", help="wait until the head answers /health while every node's containers run (the "
+                                      "deploy's head start); exit 2 at once when a node's containers stop")
+    npw.add_argument("recipe")
+    npw.add_argument("--inventory", required=True, help="YAML Ansible inventory of the deployment")
+    npw.add_argument("--timeout", type=float, required=True, help="seconds to wait in all (ds4_health_timeout_s)")
+    npw.set_defaults(func=cmd_nodes_wait)
 
     inc = sub.add_parser("incident", help="incident folders").add_subparsers(dest="sub", required=True)
     ic = inc.add_parser("collect", help="save every node's engine logs and container states (before a stop); print "

@@ -142,11 +142,23 @@ def _start_dockerd(node: Node) -> None:
     for _ in range(120):
         try:
             if node.docker("info", "--format", "{{.ServerVersion}}", check=False, timeout=10).returncode == 0:
+                _empty(node)
                 return
         except subprocess.TimeoutExpired:
             pass
         time.sleep(0.5)
     raise RuntimeError(f"dockerd of {node.name} did not answer: {(node.dir / 'dockerd.log').read_text()[-2000:]}")
+
+
+def _empty(node: Node) -> None:
+    """Remove every container and volume a kept data root still holds (a run stopped before its `make down`): a node
+    starts with its images only, or the daemon would start the last recipe's containers again by their restart
+    policy."""
+    for ls, rm in ((["ps", "--all", "--quiet"], ["rm", "--force"]),
+                   (["volume", "ls", "--quiet"], ["volume", "rm", "--force"])):
+        ids = node.docker(*ls, check=False, timeout=60).stdout.split()
+        if ids:
+            node.docker(*rm, *ids, check=False, timeout=300)
 
 
 def up(recipe: Recipe) -> list[Node]:
