@@ -133,7 +133,9 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 	$(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine" --durations=10 tests/unit
 	$(if $(filter deployed,$(ENGINE_TESTS)),,$(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit)
 
-# Deploys for real, checks the host and the server with testinfra, tries the bad-input paths, tears down; then
+# Deploys for real, checks the host and the server with testinfra (with ENGINE_TESTS=deployed, as `make test` runs it,
+# then the unit tests marked `engine` against the deployed cpu stack's own engine: tier "unit engine"), tries the
+# bad-input paths, tears down; then
 # (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline), and
 # deploys the two-node stack, breaks it three ways under the supervisor and starts a head alone (tests/multinode).
 # Each tier prints its wall time ("tier <name>: N s") and pytest its ten slowest tests.

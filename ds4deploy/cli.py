@@ -480,13 +480,12 @@ def cmd_nodes_plan(ns: argparse.Namespace) -> int:
 
 
 def cmd_nodes_wait(ns: argparse.Namespace) -> int:
-    """Wait until a starting group's head answers /health while every node's containers run; exit 2 naming the node
-    whose containers stopped (see ds4deploy.operate.group_wait)."""
-    from ds4deploy.operate.group_wait import wait_for_group
-    from ds4deploy.operate.supervisor import make_target
+    """Wait until a starting group's head engine is healthy while every node's containers run; exit 1 naming the
+    node whose containers stopped (see ds4deploy.operate.group_wait)."""
+    from ds4deploy.operate.group_wait import group, wait_for_group
     from ds4deploy.recipe.load import load_recipe
 
-    print(wait_for_group(make_target(load_recipe(ns.recipe), Path(ns.inventory)), ns.timeout))
+    print(wait_for_group(group(load_recipe(ns.recipe), Path(ns.inventory)), ns.timeout))
     return 0
 
 
@@ -776,8 +775,8 @@ def build_parser() -> argparse.ArgumentParser:
     npp.add_argument("recipe")
     npp.add_argument("--inventory", required=True, help="YAML Ansible inventory (ds4_node_rank, ds4_host_ip)")
     npp.set_defaults(func=cmd_nodes_plan)
-    npw = npl.add_parser("wait", help="wait until the head answers /health while every node's containers run (the "
-                                      "deploy's head start); exit 2 at once when a node's containers stop")
+    npw = npl.add_parser("wait", help="wait until the head's engine is healthy while every node's containers run "
+                                      "(the deploy's head start); exit 1 at once when a node's containers stop")
     npw.add_argument("recipe")
     npw.add_argument("--inventory", required=True, help="YAML Ansible inventory of the deployment")
     npw.add_argument("--timeout", type=float, required=True, help="seconds to wait in all (ds4_health_timeout_s)")

@@ -285,7 +285,7 @@ def collect(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict], reason: s
     stopped: dict[str, str] = {}
     for (node_name, _ctr), st in states.items():
         if not st.get("Running"):
-            stopped.setdefault(node_name, st.get("Status", "exited"))
+            stopped.setdefault(node_name, st.get("Status") or "not running")
     incident = Incident(folder, earliest(logs, states), files, errors, stopped)
     (folder / "incident.json").write_text(json.dumps(
         {"recipe": recipe.name, "reason": reason, "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),

@@ -142,7 +142,6 @@ def _start_dockerd(node: Node) -> None:
     for _ in range(120):
         try:
             if node.docker("info", "--format", "{{.ServerVersion}}", check=False, timeout=10).returncode == 0:
-                _empty(node)
                 return
         except subprocess.TimeoutExpired:
             pass
@@ -195,6 +194,7 @@ def up(recipe: Recipe) -> list[Node]:
         _wire_rails(recipe, nodes)
     for node in nodes:
         _start_dockerd(node)
+        _empty(node)
     return nodes
 
 

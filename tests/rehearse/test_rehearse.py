@@ -21,8 +21,10 @@ key, the supervisor's ordered restart after a killed stand-in worker (incident f
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import posixpath
 import shutil
 import subprocess
 import sys
@@ -61,19 +63,41 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in nodes need r
 
 
 def _without_layers_of(archive: Path, refs: list[str]) -> Path:
-    """A copy of a `docker save` archive without the layer files of the images `refs` (every target daemon already
-    holds them): `docker load` opens a layer file only for a layer its store lacks (moby image/tarexport/load.go,
-    `loadLayer` is called only when the layer store has no layer of that chain ID). The original is removed."""
+    """A copy of a `docker save` archive without the layer files that every target daemon already holds: those of
+    the images `refs`. `docker load` opens a layer file only for a layer whose chain ID its store lacks (moby
+    image/tarexport/load.go: `loadLayer` runs only when the layer store has no layer of that chain ID), so a file is
+    left out only when no image in the archive needs it at a chain the `refs` images do not hold; a kept layer that
+    is a symlink to another layer's file (how a save stores a layer twice) keeps its target. The original is
+    removed."""
     thin = archive.with_name("images-thin.tar")
-    with tarfile.open(archive) as src, tarfile.open(thin, "w") as dst:
+    with tarfile.open(archive) as src:
+        members = {m.name: m for m in src.getmembers()}
         manifest = json.load(src.extractfile("manifest.json"))
-        diff_ids = {e["Config"]: json.load(src.extractfile(e["Config"]))["rootfs"]["diff_ids"] for e in manifest}
-        held = {d for e in manifest if set(e.get("RepoTags") or []) & set(refs) for d in diff_ids[e["Config"]]}
-        drop = {layer for e in manifest for layer, d in zip(e["Layers"], diff_ids[e["Config"]], strict=True)
-                if d in held}
-        for member in src:
-            if member.name not in drop:
-                dst.addfile(member, src.extractfile(member) if member.isfile() else None)
+
+        def chains(entry: dict) -> list[str]:
+            # The image spec's ChainID: chain(L0) = diff(L0); chain(Ln) = sha256(chain(Ln-1) + " " + diff(Ln)).
+            out: list[str] = []
+            for diff in json.load(src.extractfile(entry["Config"]))["rootfs"]["diff_ids"]:
+                out.append(diff if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff}".encode()).hexdigest())
+            return out
+
+        entries = [(e, chains(e)) for e in manifest]
+        held = {c for e, cs in entries if set(e.get("RepoTags") or []) & set(refs) for c in cs}
+        needed: set[str] = set()
+        for e, cs in entries:
+            for layer, chain in zip(e["Layers"], cs, strict=True):
+                if chain in held:
+                    continue
+                while layer not in needed:
+                    needed.add(layer)
+                    if not members[layer].issym():
+                        break
+                    layer = posixpath.normpath(posixpath.join(posixpath.dirname(layer), members[layer].linkname))
+        drop = {layer for e, _ in entries for layer in e["Layers"]} - needed
+        with tarfile.open(thin, "w") as dst:
+            for member in members.values():
+                if member.name not in drop:
+                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
     archive.unlink()
     return thin
 

