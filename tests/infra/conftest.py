@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,20 @@ from ds4deploy.core.net import base_url as url_for
 from ds4deploy.operate.key_file import parse_env_file
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def supervisor_paused():
+    """The deployed supervisor stopped for a module's tests and started again after, as `make bench` does: its
+    progress probe (a one-token completion, while the engine is idle) is traffic of its own, which a benchmark cell
+    or a count of generated tokens must not see."""
+    cli = REPO / ".venv" / "bin" / "ds4deploy"
+    recipe = os.environ.get("DS4_RECIPE", "cpu")
+    subprocess.run([str(cli), "supervisor", "stop", recipe], capture_output=True, check=False)
+    yield
+    subprocess.run([str(cli), "supervisor", "start", recipe, "--inventory",
+                    os.environ.get("DS4_INVENTORY", str(REPO / "ansible" / "inventories" / "local.yml"))],
+                   capture_output=True, check=False)
 
 
 @pytest.fixture(scope="session")

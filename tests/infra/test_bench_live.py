@@ -19,15 +19,8 @@ RECIPE = os.environ.get("DS4_RECIPE", "cpu")
 CLI = REPO / ".venv" / "bin" / "ds4deploy"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def supervisor_paused():
-    """The supervisor's progress probe (a one-token completion) would count as other traffic in every cell: it is
-    stopped while the benchmark runs and started again after, as `make bench` does."""
-    subprocess.run([str(CLI), "supervisor", "stop", RECIPE], capture_output=True, check=False)
-    yield
-    subprocess.run([str(CLI), "supervisor", "start", RECIPE, "--inventory",
-                    os.environ.get("DS4_INVENTORY", str(REPO / "ansible" / "inventories" / "local.yml"))],
-                   capture_output=True, check=False)
+# The supervisor's probe would count as other traffic in every cell (conftest.supervisor_paused).
+pytestmark = pytest.mark.usefixtures("supervisor_paused")
 
 
 @pytest.fixture

@@ -60,7 +60,9 @@ def _generated(url: str, key: dict) -> float:
     return sum(float(v) for v in values)
 
 
-def test_route_sweep_no_route_answers_without_the_key(front, dv):
+def test_route_sweep_no_route_answers_without_the_key(front, dv, supervisor_paused):
+    """Every route of the engine, with no key and with wrong keys: 401 unless on the allow-list, and no token
+    generated meanwhile (the supervisor's one-token probe is paused: it once landed inside the sweep)."""
     url, key = front
     allow = _allow_list(dv)
     routes = _routes(url, key)
