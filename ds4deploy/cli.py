@@ -111,13 +111,15 @@ def cmd_render(ns: argparse.Namespace) -> int:
 
 
 def cmd_model_generate(ns: argparse.Namespace) -> int:
-    """Generate a 'generated' recipe's checkpoint; prints {"changed", "files", "dest"}."""
-    from ds4deploy.model.tiny import generate, generator_spec
+    """Generate a 'generated' recipe's checkpoint (a llama.cpp recipe's tiny GGUF parts); prints {"changed", "files",
+    "dest"}."""
+    from ds4deploy.build.artifacts import generated_chat_template
+    from ds4deploy.model.staging import generate_model
     from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
     dest = Path(ns.dest or recipe.model.path)
-    changed = generate(dest, generator_spec(recipe))
+    changed = generate_model(recipe, dest, generated_chat_template(recipe))
     print(json.dumps({"changed": bool(changed), "files": changed, "dest": str(dest)}))
     return 0
 
@@ -129,18 +131,22 @@ def cmd_model_manifest(ns: argparse.Namespace) -> int:
 
     if ns.write:
         return cmd_model_lock(ns)
+    from ds4deploy.build.artifacts import generated_chat_template
+
     recipe = _load(ns.recipe)
-    sys.stdout.write(json.dumps(build_manifest(recipe, _from(ns)), indent=2) + "\n")
+    built = build_manifest(recipe, _from(ns), chat_template=generated_chat_template(recipe))
+    sys.stdout.write(json.dumps(built, indent=2) + "\n")
     return 0
 
 
 def cmd_model_lock(ns: argparse.Namespace) -> int:
     """Build the model manifest from its source and write recipes/<name>.manifest.json (to commit); a committed
     manifest that agrees is kept, one that disagrees stops (exit 1) naming each difference."""
+    from ds4deploy.build.artifacts import generated_chat_template
     from ds4deploy.model.lock import lock_model
 
     recipe = _load(ns.recipe)
-    manifest, path, written = lock_model(recipe, _from(ns))
+    manifest, path, written = lock_model(recipe, _from(ns), chat_template=generated_chat_template(recipe))
     rev = f" at commit {manifest['revision']}" if manifest.get("revision") else ""
     size = sum(f["size"] for f in manifest["files"].values())
     print(f"{'wrote' if written else 'up to date:'} {path}: {len(manifest['files'])} file(s), {size / 1e9:.2f} GB"
@@ -232,16 +238,18 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
     files against the manifest (lock it from them first when none is committed) and name them in ``copy_from``;
     without --from the files are already on each node (``copy_from`` null) and only the nodes' copies are checked.
     """
+    from ds4deploy.build.artifacts import generated_chat_template
     from ds4deploy.model.lock import lock_model
     from ds4deploy.model.manifest import load_manifest, manifest_path
 
     recipe = _load(ns.recipe)
     src = _from(ns)
+    template = generated_chat_template(recipe)  # a generated GGUF's embedded template (None for other models)
     written = None
     if manifest_path(recipe).is_file():
         manifest = load_manifest(recipe)
     elif recipe.model.source != "local" or src is not None:
-        manifest, path, _ = lock_model(recipe, src)
+        manifest, path, _ = lock_model(recipe, src, chat_template=template)
         written = str(path)
         print(f"ds4deploy: no manifest was committed for '{recipe.base_name}': wrote {path} from the model's own "
               "source; commit it so every later deploy is checked against it", file=sys.stderr)
@@ -252,7 +260,7 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
         return 0
     from ds4deploy.model.staging import stage
 
-    out = stage(recipe, Path(ns.dest))
+    out = stage(recipe, Path(ns.dest), chat_template=template)
     print(json.dumps({**out, "copy_from": out["dest"], "manifest_written": written}))
     return 0
 

@@ -10,7 +10,8 @@ Where a manifest comes from, per ``model.source``:
   the LFS sha256 of large files, the git blob sha1 of small ones, every size. Nothing is downloaded.
 - ``local``: a file or a directory the user names (``--from``), e.g. a GGUF split into several ``.gguf`` parts:
   every regular file under it (hidden names left out) is hashed with sha256, in parallel, with a progress bar.
-- ``generated``: the deterministic tiny checkpoint's bytes (`ds4deploy.model.tiny.files`).
+- ``generated``: the deterministic tiny checkpoint's bytes (`ds4deploy.model.staging.generated_files`: the tiny
+  safetensors checkpoint, or a llama.cpp recipe's tiny GGUF parts).
 """
 
 from __future__ import annotations
@@ -76,15 +77,18 @@ def local_manifest(recipe: Recipe, src: Path, progress: bool | None = None) -> d
             "files": {n: {"size": sizes[n], "sha256": digests[n]} for n in names}}
 
 
-def build_manifest(recipe: Recipe, src: Path | None = None, progress: bool | None = None) -> dict:
+def build_manifest(recipe: Recipe, src: Path | None = None, progress: bool | None = None,
+                   chat_template: str | None = None) -> dict:
     """The manifest of the recipe's model from its own source (module docstring).
 
     Args:
         recipe: any recipe.
         src: for ``source: local``, the file or directory holding the model on this host (required there).
         progress: show a progress bar while hashing a local model (default: when stderr is a terminal).
+        chat_template: a generated GGUF's embedded template (`ds4deploy.model.staging.generated_files`).
     Raises:
-        UserError: a local model without `src`; hub errors (`ds4deploy.model.hub.hub_manifest`); unreadable files.
+        UserError: a local model without `src`; hub errors (`ds4deploy.model.hub.hub_manifest`); unreadable files;
+            a generated GGUF without `chat_template`.
     """
     source = recipe.model.source
     if source == "hub":
@@ -98,9 +102,9 @@ def build_manifest(recipe: Recipe, src: Path | None = None, progress: bool | Non
                             f"run `ds4deploy model lock {recipe.base_name} --from PATH` with the model's file or "
                             "directory on this host (or `make deploy ... MODEL_FROM=PATH`), then commit the manifest")
         return local_manifest(recipe, src, progress)
-    from ds4deploy.model.tiny import files, generator_spec
+    from ds4deploy.model.staging import generated_files
 
-    return manifest_of_files(recipe, files(generator_spec(recipe)))
+    return manifest_of_files(recipe, generated_files(recipe, chat_template))
 
 
 def differences(committed: dict, built: dict) -> list[str]:
@@ -145,8 +149,10 @@ def write_manifest(recipe: Recipe, manifest: dict) -> Path:
     return path
 
 
-def lock_model(recipe: Recipe, src: Path | None = None, progress: bool | None = None) -> tuple[dict, Path, bool]:
-    """Build the manifest from the model's source and record it, unless a committed one already says the same.
+def lock_model(recipe: Recipe, src: Path | None = None, progress: bool | None = None,
+               chat_template: str | None = None) -> tuple[dict, Path, bool]:
+    """Build the manifest from the model's source and record it, unless a committed one already says the same
+    (`chat_template`: as `build_manifest`).
 
     Returns:
         ``(manifest, path, written)``: `written` is False when the committed manifest already matched.
@@ -157,7 +163,7 @@ def lock_model(recipe: Recipe, src: Path | None = None, progress: bool | None = 
     from ds4deploy.model.manifest import load_manifest
 
     path = manifest_path(recipe)
-    built = build_manifest(recipe, src, progress)
+    built = build_manifest(recipe, src, progress, chat_template)
     if path.is_file():
         committed = load_manifest(recipe)
         diff = differences(committed, built)

@@ -2,9 +2,15 @@
 recipe's committed manifest, before anything copies them to the nodes.
 
 A recipe's ``model.source`` says where the files come from: ``generated`` (the tiny test checkpoint,
-`ds4deploy.model.tiny`), ``hub`` (the pinned revision, `ds4deploy.model.fetch.fetch_model`), or ``local`` (placed on the
-nodes by hand; nothing to stage). `ds4deploy model stage` (the deploy's staging step) and `ds4deploy bundle create`
-(the air-gapped bundle) both use `obtain`; `stage` adds the check and the sha256 of every file.
+`ds4deploy.model.tiny`, or for a llama.cpp recipe (``model.gguf`` set) the tiny deepseek4 GGUF in the recipe's
+gguf-split layout, `ds4deploy.model.tiny_gguf`), ``hub`` (the pinned revision, `ds4deploy.model.fetch.fetch_model`),
+or ``local`` (placed on the nodes by hand; nothing to stage). `ds4deploy model stage` (the deploy's staging step)
+and `ds4deploy bundle create` (the air-gapped bundle) both use `obtain`; `stage` adds the check and the sha256 of
+every file.
+
+The tiny GGUF embeds the model's own chat template, which comes from the llama.cpp source locked for the recipe's
+image (a build artifact, `ds4deploy.build.artifacts.generated_chat_template`); the build layer sits above this one,
+so whoever stages a generated GGUF (the CLI, the bundle) reads it there and passes it in as ``chat_template``.
 """
 
 from __future__ import annotations
@@ -71,18 +77,58 @@ def local_sha256(recipe: Recipe, manifest: dict) -> dict[str, str]:
     return {n: f["sha256"] for n, f in manifest["files"].items()}
 
 
-def obtain(recipe: Recipe, dest: Path, manifest: dict | None = None) -> None:
-    """Generate (``generated``) or fetch (``hub``, only files that do not match `manifest` are downloaded) the
-    recipe's model into `dest`.
+def _template(recipe: Recipe, chat_template: str | None) -> str:
+    if chat_template is None:
+        raise UserError(f"recipe '{recipe.name}': the tiny GGUF needs the chat template of the locked llama.cpp "
+                        "source, and none was passed", "stage it with `ds4deploy model stage` (it reads the template "
+                        "from the artifact recipes/<recipe>.lock.json locks)")
+    return chat_template
+
+
+def generated_files(recipe: Recipe, chat_template: str | None = None) -> dict[str, bytes]:
+    """Every file of a ``generated`` recipe's model, as bytes, keyed by name: the tiny deepseek4 GGUF parts for a
+    llama.cpp recipe (``model.gguf`` set; `chat_template` is the jinja the GGUF embeds), else the tiny safetensors
+    checkpoint (`chat_template` unused).
+
+    Raises:
+        UserError: the model is not generated; a GGUF without `chat_template`.
+    """
+    if recipe.model.gguf is not None:
+        from ds4deploy.model import tiny_gguf
+
+        return tiny_gguf.files(tiny_gguf.recipe_spec(recipe), _template(recipe, chat_template))
+    from ds4deploy.model.tiny import files
+
+    return files(generator_spec(recipe))
+
+
+def generate_model(recipe: Recipe, dest: Path, chat_template: str | None = None) -> list[str]:
+    """Write a ``generated`` recipe's model (`generated_files`) into `dest`, touching only files whose bytes differ.
+
+    Returns:
+        Names of the files created or replaced.
+    Raises:
+        UserError: as `generated_files`; `dest` cannot be written.
+    """
+    if recipe.model.gguf is not None:
+        from ds4deploy.model import tiny_gguf
+
+        return tiny_gguf.generate(dest, tiny_gguf.recipe_spec(recipe), _template(recipe, chat_template))
+    from ds4deploy.model.tiny import generate
+
+    return generate(dest, generator_spec(recipe))
+
+
+def obtain(recipe: Recipe, dest: Path, manifest: dict | None = None, chat_template: str | None = None) -> None:
+    """Generate (``generated``, `generate_model`; `chat_template` for a GGUF) or fetch (``hub``, only files that do
+    not match `manifest` are downloaded) the recipe's model into `dest`.
 
     Raises:
         UserError: ``model.source: local`` (there is no pinned model to stage); generator or fetch errors.
     """
     _require_pinned(recipe)
     if recipe.model.source == "generated":
-        from ds4deploy.model.tiny import generate
-
-        generate(dest, generator_spec(recipe))
+        generate_model(recipe, dest, chat_template)
     else:
         from ds4deploy.model.fetch import fetch_model
 
@@ -103,7 +149,7 @@ def _copy(src: Path, dest: Path, manifest: dict) -> None:
         tmp.replace(dest / name)
 
 
-def stage(recipe: Recipe, dest: Path, copy_from: Path | None = None) -> dict:
+def stage(recipe: Recipe, dest: Path, copy_from: Path | None = None, chat_template: str | None = None) -> dict:
     """Stage the recipe's model into `dest` and verify it against the committed manifest.
 
     Args:
@@ -111,6 +157,7 @@ def stage(recipe: Recipe, dest: Path, copy_from: Path | None = None) -> dict:
         dest: the staging directory on the control host.
         copy_from: a bundle's model directory (`ds4deploy.plan.bundle`): copy the files from there instead of
             generating or fetching them (offline), and re-hash every file (no sidecar) to check them.
+        chat_template: the jinja a generated GGUF embeds (`obtain`); unused otherwise.
     Files already matching in `dest` are not fetched or copied again (the generator rewrites only changed files).
 
     Returns:
@@ -136,7 +183,7 @@ def stage(recipe: Recipe, dest: Path, copy_from: Path | None = None) -> dict:
         if before:
             _copy(copy_from, dest, manifest)
     elif recipe.model.source != "hub" or before:
-        obtain(recipe, dest, manifest)
+        obtain(recipe, dest, manifest, chat_template)
     after = problems()
     if after:
         fix = (f"delete {dest} and verify the bundle (`ds4deploy bundle verify`)" if copy_from is not None else

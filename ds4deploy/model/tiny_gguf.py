@@ -116,6 +116,26 @@ class TinyGgufSpec:
         return [f"{self.stem}-{i:05d}-of-{self.parts:05d}.gguf" for i in range(1, self.parts + 1)]
 
 
+def recipe_spec(recipe) -> TinyGgufSpec:
+    """The `TinyGgufSpec` of a ``generated`` llama.cpp recipe (a `ds4deploy.recipe.schema.Recipe`): the parts and
+    the stem of its ``model.gguf`` (part 1's name without ``-00001-of-0000N.gguf``, or without ``.gguf``).
+
+    Raises:
+        UserError: the recipe's model is not a generated GGUF, or part 1's name does not fit its part count
+            (`ds4deploy.engines.llamacpp.gguf_parts`).
+    """
+    from ds4deploy.engines.llamacpp import SPLIT_RE, gguf_parts
+
+    g = recipe.model.gguf
+    if recipe.model.source != "generated" or g is None:
+        raise UserError(f"recipe '{recipe.name}' has no generated GGUF model (model.source "
+                        f"'{recipe.model.source}', model.gguf {'set' if g else 'unset'})",
+                        "give a llama.cpp recipe model.source: generated and a model.gguf section")
+    first = gguf_parts(g.file, g.parts)[0]
+    stem = SPLIT_RE.match(first)["stem"] if g.parts > 1 else first.removesuffix(".gguf")
+    return TinyGgufSpec(parts=g.parts, stem=stem)
+
+
 # The architecture test's deepseek4 shape (tests/test-llama-archs.cpp at the pinned commit).
 N_EMBD, N_HEAD, HEAD_DIM, N_LAYER = 512, 8, 64, 4
 Q_LORA, O_GROUPS, O_LORA = 64, 8, 32

@@ -174,7 +174,9 @@ def create(recipe: Recipe, dest: Path, python: str = sys.executable, workers: in
             other["file"] = str(tar.relative_to(part))
 
         model_dir = part / "model"
-        obtain(recipe, model_dir)
+        from ds4deploy.build.artifacts import generated_chat_template
+
+        obtain(recipe, model_dir, chat_template=generated_chat_template(recipe))
         manifest = load_manifest(recipe)
         problems = verify_dir(model_dir, manifest)
         if problems:

@@ -197,13 +197,6 @@ def check_run(recipe: Recipe, hosts: dict[str, dict] | None, scope: str, invento
     """
     if scope not in SCOPES:
         raise UserError(f"unknown scope {scope!r}", f"use one of {', '.join(SCOPES)}")
-    if recipe.engine.family != "vllm" and scope in ("deploy", "provision"):
-        # The roles stage vLLM models and build vLLM images only: refuse before any node is touched.
-        raise UserError(f"{recipe.name}: the deploy of {recipe.engine.family} recipes is not wired yet (the roles "
-                        "stage and build for the vLLM family only)",
-                        f"run the engine check by hand (`make llamacpp`), or start the committed render yourself: "
-                        f"`docker compose -f compose/{recipe.name}/compose.yaml up -d` with the model in "
-                        f"{recipe.model.path}")
     if hosts is not None:  # the per-node rail names first, in every scope
         node_fabric.check_hosts(recipe, hosts, inventory)
     rendered = render.render(recipe)
