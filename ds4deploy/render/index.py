@@ -91,20 +91,17 @@ def status(r: Recipe) -> str:
     applies: ``engine not public: <why>`` (the engine's registry, `ds4deploy.engines.engine_registry`). How many
     full-length sessions the KV cache holds is the estimator's column (`ds4deploy.plan.estimate.index_cell`).
 
-    A llama.cpp recipe: its argv is built and checked here (unit tests, the flag registry of the pinned commit),
-    the real engine runs it only by hand (`make llamacpp`, tests/llamacpp) and its deploy is not wired yet; its
-    status says so."""
+    A llama.cpp recipe on GPUs adds where its argv meets the real engine here: the CPU build of llama-server on a
+    tiny same-layout GGUF (`make llamacpp`, tests/llamacpp); cpu-llamacpp deploys here (`make e2e-llamacpp`)."""
     from ds4deploy.engines.engine_registry import load_registry
-
-    if r.engine.family == "llamacpp":
-        hw = "needs the hardware; " if r.hardware.gpus.count else ""
-        return hw + "engine check by hand (`make llamacpp`); deploy not wired yet"
 
     if r.hardware.gpus.count == 0:
         where = "serves here"
     else:
         where = "rehearsed here, needs the hardware" if r.base_name in REHEARSED else "needs the hardware"
     notes = [where]
+    if r.engine.family == "llamacpp" and r.hardware.gpus.count:
+        notes.append("argv served by the CPU engine here (`make llamacpp`)")
     registry = load_registry(r)
     if registry is not None and not registry.public:
         notes.append(f"engine not public: {registry.not_public_why}")
@@ -151,12 +148,6 @@ def owner_steps(r: Recipe) -> list[str]:
         steps.append(f"lock the image artifacts ({names}): `ds4deploy image lock {name}` (`--artifact "
                      f"{arts[0].name}=<file>` when {arts[0].url.split('/')[2]} is unreachable), commit "
                      f"recipes/{name}.lock.json")
-    if r.engine.family == "llamacpp":
-        # The deploy's model staging and image build do not know the llama.cpp family yet: no make deploy to name.
-        steps.append("the deploy of llama.cpp recipes is not wired yet: the engine check (`make llamacpp`) is what "
-                     "runs; by hand, `docker compose -f compose/" + name + "/compose.yaml up -d` once the image is "
-                     "built and the GGUF parts are in " + r.model.path)
-        return steps
     steps.append(f"`make deploy RECIPE={name}{inventory}`")
     return steps
 
