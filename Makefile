@@ -18,7 +18,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps
 
 help: ## this list (each target's own `##` comment)
 	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
@@ -177,12 +177,31 @@ base-image: ## Debian bookworm base via debootstrap (no registry needed)
 # The llama.cpp family (tests/llamacpp): the llamacpp-cpu image (built once from the locked llama.cpp source, kept
 # under its derived tag afterwards), then each llama.cpp recipe's exact llama-server argv on a tiny deepseek4 GGUF in
 # the recipe's own file layout: load, both APIs, flag registry against --help; a planted wrong model path must fail.
-# The deploy of llama.cpp recipes is not wired yet: this engine check is the proof. Not part of `make test`: on the
-# 2-core machine the image build took 460 s and the tests 10 s (2026-12-01), and `make test` is already above its
-# 60 minutes; the image is kept under its derived tag, so a second run takes seconds.
+# Not part of `make test`: on the 2-core machine the image build took 460 s and the tests 10 s (2026-12-01), and
+# `make test` is already above its 60 minutes; the image is kept under its derived tag, so a second run takes seconds.
+# tests/llamacpp/test_deployed.py runs only from `make e2e-llamacpp` (it needs the deployed stack).
 llamacpp: venv ## the llama.cpp family: llamacpp-cpu image from the locked source, every llama.cpp recipe's argv
 ## served by the real llama-server on a tiny same-layout deepseek4 GGUF (tests/llamacpp)
 	@$(call TIER,tests/llamacpp) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/llamacpp
+
+# cpu-llamacpp end to end, through the same product path as the cpu recipe: `make deploy` (the tiny deepseek4 GGUF
+# staged and verified like every generated model, the llamacpp-cpu image found under its derived tag and context
+# label), the host checks of tests/infra and tests/llamacpp/test_deployed.py (health, /v1/models, a chat completion
+# and an Anthropic message through the front door with the key, `make status`, the supervisor's llama-server
+# readings, an incident folder, the conformance matrix judged for llama.cpp), then `make down`. Runs beside the cpu
+# stack (ports 8020/8021). Not part of `make test` (the lead decides from its wall time; measured N s, see below).
+LLAMACPP_INVENTORY := ansible/inventories/local.yml
+e2e-llamacpp: venv ## cpu-llamacpp: deploy, host and serving checks, conformance matrix, teardown (not in make test)
+	@$(call TIER,e2e-llamacpp) $(MAKE) --no-print-directory e2e-llamacpp-steps
+
+e2e-llamacpp-steps:
+	$(call TIER,deploy cpu-llamacpp) $(MAKE) deploy RECIPE=cpu-llamacpp INVENTORY=$(LLAMACPP_INVENTORY)
+	status=0; \
+	$(call TIER,tests/llamacpp deployed) DS4_RECIPE=cpu-llamacpp DS4_LLAMACPP_DEPLOYED=1 PATH=$(abspath $(BIN)):$$PATH \
+	  $(BIN)/pytest -q -p no:cacheprovider --durations=10 tests/infra/test_host.py tests/llamacpp/test_deployed.py \
+	  --hosts=ansible://all --ansible-inventory $(LLAMACPP_INVENTORY) || status=$$?; \
+	$(call TIER,down cpu-llamacpp) $(MAKE) down RECIPE=cpu-llamacpp INVENTORY=$(LLAMACPP_INVENTORY) || status=$$?; \
+	exit $$status
 
 # Time to healthy for one and two nodes and recovery from a killed worker -> docs/benchmarks.md (image built first).
 bench-multinode: venv ## time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md

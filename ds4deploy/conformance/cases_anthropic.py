@@ -214,8 +214,17 @@ def messages_tool_result(ctx: Context, mode: Mode) -> Outcome:
 
 
 def _input_tokens(ctx: Context, body: dict) -> int | None:
+    """Every prompt token of the request: ``input_tokens`` plus ``cache_read_input_tokens`` and
+    ``cache_creation_input_tokens``, which the Messages API counts apart from it ("total input tokens" is their sum:
+    https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching, "Tracking cache performance"). A server
+    with a prompt cache (llama-server reuses a slot's cached prefix) reports the repeated part as a cache read, so
+    ``input_tokens`` alone shrinks on the second of two similar requests. None when the request is refused."""
     r = anth_post(ctx, {**body, "max_tokens": 1})
-    return r.json()["usage"]["input_tokens"] if r.status_code == 200 else None
+    if r.status_code != 200:
+        return None
+    usage = r.json()["usage"]
+    return usage["input_tokens"] + sum(usage.get(k) or 0 for k in ("cache_read_input_tokens",
+                                                                    "cache_creation_input_tokens"))
 
 
 SYSTEM_TEXT = "You are a terse assistant. Answer in French, in one sentence."
