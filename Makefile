@@ -194,7 +194,7 @@ LLAMACPP_INVENTORY := ansible/inventories/local.yml
 e2e-llamacpp: venv ## cpu-llamacpp: deploy, host and serving checks, conformance matrix, teardown (not in make test)
 	@$(call TIER,e2e-llamacpp) $(MAKE) --no-print-directory e2e-llamacpp-steps
 
-e2e-llamacpp-steps:
+e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the total
 	$(call TIER,deploy cpu-llamacpp) $(MAKE) deploy RECIPE=cpu-llamacpp INVENTORY=$(LLAMACPP_INVENTORY)
 	status=0; \
 	$(call TIER,tests/llamacpp deployed) DS4_RECIPE=cpu-llamacpp DS4_LLAMACPP_DEPLOYED=1 PATH=$(abspath $(BIN)):$$PATH \
