@@ -113,8 +113,8 @@ def cmd_render(ns: argparse.Namespace) -> int:
 def cmd_model_generate(ns: argparse.Namespace) -> int:
     """Generate a 'generated' recipe's checkpoint (a llama.cpp recipe's tiny GGUF parts); prints {"changed", "files",
     "dest"}."""
-    from ds4deploy.build.artifacts import generated_chat_template
-    from ds4deploy.model.staging import generate_model
+    from ds4deploy.build.image import generated_chat_template
+    from ds4deploy.model.generated import generate_model
     from ds4deploy.recipe.load import load_recipe
 
     recipe = load_recipe(ns.recipe)
@@ -131,7 +131,7 @@ def cmd_model_manifest(ns: argparse.Namespace) -> int:
 
     if ns.write:
         return cmd_model_lock(ns)
-    from ds4deploy.build.artifacts import generated_chat_template
+    from ds4deploy.build.image import generated_chat_template
 
     recipe = _load(ns.recipe)
     built = build_manifest(recipe, _from(ns), chat_template=generated_chat_template(recipe))
@@ -142,7 +142,7 @@ def cmd_model_manifest(ns: argparse.Namespace) -> int:
 def cmd_model_lock(ns: argparse.Namespace) -> int:
     """Build the model manifest from its source and write recipes/<name>.manifest.json (to commit); a committed
     manifest that agrees is kept, one that disagrees stops (exit 1) naming each difference."""
-    from ds4deploy.build.artifacts import generated_chat_template
+    from ds4deploy.build.image import generated_chat_template
     from ds4deploy.model.lock import lock_model
 
     recipe = _load(ns.recipe)
@@ -238,7 +238,7 @@ def cmd_model_stage(ns: argparse.Namespace) -> int:
     files against the manifest (lock it from them first when none is committed) and name them in ``copy_from``;
     without --from the files are already on each node (``copy_from`` null) and only the nodes' copies are checked.
     """
-    from ds4deploy.build.artifacts import generated_chat_template
+    from ds4deploy.build.image import generated_chat_template
     from ds4deploy.model.lock import lock_model
     from ds4deploy.model.manifest import load_manifest, manifest_path
 

@@ -242,3 +242,26 @@ def build_args(recipe: Recipe) -> dict[str, str]:
     from ds4deploy.build.artifacts import locked_build_args
 
     return {**recipe.image_build_args, **locked_build_args(recipe)}
+
+
+def generated_chat_template(recipe: Recipe) -> str | None:
+    """The chat template a ``generated`` llama.cpp recipe's tiny GGUF embeds (`ds4deploy.model.tiny_gguf`): the
+    model's own, read from the llama.cpp source the recipe's image is built from (the sdist artifact locked in
+    recipes/<name>.lock.json, obtained and checked by `locked_files`); None for every other recipe (nothing to
+    embed).
+
+    Raises:
+        UserError: the artifact cannot be obtained or differs from its lock (`locked_files`); it holds no template
+            (`ds4deploy.model.tiny_gguf.chat_template_from`).
+    """
+    if recipe.model.source != "generated" or recipe.model.gguf is None:
+        return None
+    from ds4deploy.build.artifacts import lock_path, locked_files
+    from ds4deploy.model.tiny_gguf import chat_template_from
+
+    sdists = [p for name, p in locked_files(recipe, default_wheel_dirs()).items() if name.endswith(".tar.gz")]
+    if len(sdists) != 1:
+        raise UserError(f"recipe '{recipe.name}': {lock_path(recipe).name} locks {len(sdists)} source archives; the "
+                        "tiny GGUF's chat template is read from the one llama.cpp source of the image",
+                        f"lock the image's llama.cpp source: `ds4deploy image lock {recipe.base_name}`")
+    return chat_template_from(sdists[0])

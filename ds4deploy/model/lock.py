@@ -10,7 +10,7 @@ Where a manifest comes from, per ``model.source``:
   the LFS sha256 of large files, the git blob sha1 of small ones, every size. Nothing is downloaded.
 - ``local``: a file or a directory the user names (``--from``), e.g. a GGUF split into several ``.gguf`` parts:
   every regular file under it (hidden names left out) is hashed with sha256, in parallel, with a progress bar.
-- ``generated``: the deterministic tiny checkpoint's bytes (`ds4deploy.model.staging.generated_files`: the tiny
+- ``generated``: the deterministic tiny checkpoint's bytes (`ds4deploy.model.generated.generated_files`: the tiny
   safetensors checkpoint, or a llama.cpp recipe's tiny GGUF parts).
 """
 
@@ -85,7 +85,7 @@ def build_manifest(recipe: Recipe, src: Path | None = None, progress: bool | Non
         recipe: any recipe.
         src: for ``source: local``, the file or directory holding the model on this host (required there).
         progress: show a progress bar while hashing a local model (default: when stderr is a terminal).
-        chat_template: a generated GGUF's embedded template (`ds4deploy.model.staging.generated_files`).
+        chat_template: a generated GGUF's embedded template (`ds4deploy.model.generated.generated_files`).
     Raises:
         UserError: a local model without `src`; hub errors (`ds4deploy.model.hub.hub_manifest`); unreadable files;
             a generated GGUF without `chat_template`.
@@ -102,7 +102,7 @@ def build_manifest(recipe: Recipe, src: Path | None = None, progress: bool | Non
                             f"run `ds4deploy model lock {recipe.base_name} --from PATH` with the model's file or "
                             "directory on this host (or `make deploy ... MODEL_FROM=PATH`), then commit the manifest")
         return local_manifest(recipe, src, progress)
-    from ds4deploy.model.staging import generated_files
+    from ds4deploy.model.generated import generated_files
 
     return manifest_of_files(recipe, generated_files(recipe, chat_template))
 

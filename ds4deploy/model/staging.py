@@ -8,9 +8,7 @@ or ``local`` (placed on the nodes by hand; nothing to stage). `ds4deploy model s
 and `ds4deploy bundle create` (the air-gapped bundle) both use `obtain`; `stage` adds the check and the sha256 of
 every file.
 
-The tiny GGUF embeds the model's own chat template, which comes from the llama.cpp source locked for the recipe's
-image (a build artifact, `ds4deploy.build.artifacts.generated_chat_template`); the build layer sits above this one,
-so whoever stages a generated GGUF (the CLI, the bundle) reads it there and passes it in as ``chat_template``.
+A generated GGUF needs ``chat_template`` (`ds4deploy.model.generated`).
 """
 
 from __future__ import annotations
@@ -18,7 +16,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.model.tiny import generator_spec
 from ds4deploy.recipe.model_config import check_staged
 from ds4deploy.recipe.schema import Recipe
 
@@ -44,7 +41,8 @@ def check_source(recipe: Recipe, model_from: Path | None = None) -> None:
     Raises:
         UserError: `model_from` for a recipe whose model is not local; `model_from` missing or empty on this host;
             a local model with neither `model_from` nor a committed manifest (nothing says what the nodes' copies
-            must hold); a committed manifest that cannot be read.
+            must hold); a committed manifest that cannot be read; a llama.cpp recipe whose GGUF parts are not all in
+            `model_from` or the manifest (`_check_gguf_parts`: a model that is not GGUF, a part missing).
     """
     from ds4deploy.model.manifest import load_manifest, manifest_path
 
@@ -54,11 +52,42 @@ def check_source(recipe: Recipe, model_from: Path | None = None) -> None:
                             f"'{recipe.model.source}'", "leave out --from (MODEL_FROM=)")
         from ds4deploy.model.lock import local_files
 
-        local_files(model_from)
+        root, names = local_files(model_from)
+        _check_gguf_parts(recipe, names, str(root),
+                          f"point MODEL_FROM (--from) at the directory that holds every part, or correct "
+                          f"model.gguf in recipes/{recipe.base_name}.yaml and run `ds4deploy render`")
     if manifest_path(recipe).is_file() or (recipe.model.source == "local" and model_from is None):
         manifest = load_manifest(recipe)  # a local model without one: names `model lock --from` as the fix
+        lock = f"ds4deploy model lock {recipe.base_name}" + (" --from PATH" if recipe.model.source == "local" else "")
+        _check_gguf_parts(recipe, list(manifest["files"]), manifest_path(recipe).name,
+                          f"lock the model from a copy that holds every part: delete {manifest_path(recipe).name} "
+                          f"and run `{lock}`")
         if recipe.model.source == "local":
             local_sha256(recipe, manifest)
+
+
+def _check_gguf_parts(recipe: Recipe, names: list[str], where: str, fix: str) -> None:
+    """A llama.cpp recipe's GGUF parts (`ds4deploy.engines.llamacpp.gguf_parts`: part 1, which ``-m`` names, and
+    the parts llama-server opens by the names derived from it) are all among `names` (the files of a manifest or of a
+    local model directory); other recipes pass.
+
+    Raises:
+        UserError: naming the parts `where` lacks (a model that is not this GGUF, or a split model with a part
+            missing), with `fix`.
+    """
+    g = recipe.model.gguf
+    if g is None:
+        return
+    from ds4deploy.engines.llamacpp import gguf_parts
+
+    parts = gguf_parts(g.file, g.parts)
+    missing = [n for n in parts if n not in set(names)]
+    if missing:
+        have = [n for n in names if n.endswith(".gguf")]
+        raise UserError(
+            f"recipe '{recipe.name}' loads the GGUF {g.file} in {g.parts} part(s), and {where} lacks "
+            f"{', '.join(missing)} (" + (f"its GGUF files: {', '.join(have[:5])}" if have else "it holds no GGUF "
+                                         "file: llama-server loads GGUF only") + ")", fix)
 
 
 def local_sha256(recipe: Recipe, manifest: dict) -> dict[str, str]:
@@ -77,57 +106,17 @@ def local_sha256(recipe: Recipe, manifest: dict) -> dict[str, str]:
     return {n: f["sha256"] for n, f in manifest["files"].items()}
 
 
-def _template(recipe: Recipe, chat_template: str | None) -> str:
-    if chat_template is None:
-        raise UserError(f"recipe '{recipe.name}': the tiny GGUF needs the chat template of the locked llama.cpp "
-                        "source, and none was passed", "stage it with `ds4deploy model stage` (it reads the template "
-                        "from the artifact recipes/<recipe>.lock.json locks)")
-    return chat_template
-
-
-def generated_files(recipe: Recipe, chat_template: str | None = None) -> dict[str, bytes]:
-    """Every file of a ``generated`` recipe's model, as bytes, keyed by name: the tiny deepseek4 GGUF parts for a
-    llama.cpp recipe (``model.gguf`` set; `chat_template` is the jinja the GGUF embeds), else the tiny safetensors
-    checkpoint (`chat_template` unused).
-
-    Raises:
-        UserError: the model is not generated; a GGUF without `chat_template`.
-    """
-    if recipe.model.gguf is not None:
-        from ds4deploy.model import tiny_gguf
-
-        return tiny_gguf.files(tiny_gguf.recipe_spec(recipe), _template(recipe, chat_template))
-    from ds4deploy.model.tiny import files
-
-    return files(generator_spec(recipe))
-
-
-def generate_model(recipe: Recipe, dest: Path, chat_template: str | None = None) -> list[str]:
-    """Write a ``generated`` recipe's model (`generated_files`) into `dest`, touching only files whose bytes differ.
-
-    Returns:
-        Names of the files created or replaced.
-    Raises:
-        UserError: as `generated_files`; `dest` cannot be written.
-    """
-    if recipe.model.gguf is not None:
-        from ds4deploy.model import tiny_gguf
-
-        return tiny_gguf.generate(dest, tiny_gguf.recipe_spec(recipe), _template(recipe, chat_template))
-    from ds4deploy.model.tiny import generate
-
-    return generate(dest, generator_spec(recipe))
-
-
 def obtain(recipe: Recipe, dest: Path, manifest: dict | None = None, chat_template: str | None = None) -> None:
-    """Generate (``generated``, `generate_model`; `chat_template` for a GGUF) or fetch (``hub``, only files that do
-    not match `manifest` are downloaded) the recipe's model into `dest`.
+    """Generate (``generated``, `ds4deploy.model.generated.generate_model`; `chat_template` for a GGUF) or fetch
+    (``hub``, only files that do not match `manifest` are downloaded) the recipe's model into `dest`.
 
     Raises:
         UserError: ``model.source: local`` (there is no pinned model to stage); generator or fetch errors.
     """
     _require_pinned(recipe)
     if recipe.model.source == "generated":
+        from ds4deploy.model.generated import generate_model
+
         generate_model(recipe, dest, chat_template)
     else:
         from ds4deploy.model.fetch import fetch_model

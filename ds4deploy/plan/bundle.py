@@ -174,7 +174,7 @@ def create(recipe: Recipe, dest: Path, python: str = sys.executable, workers: in
             other["file"] = str(tar.relative_to(part))
 
         model_dir = part / "model"
-        from ds4deploy.build.artifacts import generated_chat_template
+        from ds4deploy.build.image import generated_chat_template
 
         obtain(recipe, model_dir, chat_template=generated_chat_template(recipe))
         manifest = load_manifest(recipe)

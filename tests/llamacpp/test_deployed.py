@@ -132,6 +132,48 @@ def test_an_incident_folder_holds_llama_server_logs(tmp_path):
     assert "llama-server" in logs or "llama_model_loader" in logs or "srv " in logs, sorted(folder.rglob("*"))
 
 
+
+def test_a_gguf_part_missing_on_the_node_stops_the_deploy_before_any_change(tmp_path):
+    """A local llama.cpp model (model.source local: placed on the nodes by hand) whose node copy lacks part 2 of its
+    gguf-split parts: the real `make deploy` reads the node (ansible/roles/model/tasks/verify.yml, before the first
+    play that changes a node) and stops with one message naming the part and the fix; no container, no key file,
+    the model directory as it was. A scratch variant of cpu-llamacpp (its own name and ports) in scratch recipes/
+    and compose/ directories; the committed recipes are not touched."""
+    from tests.e2e.conftest import containers_of
+
+    name, models = "e2e-llamacpp-part", tmp_path / "models"
+    recipes, compose = tmp_path / "recipes", tmp_path / "compose"
+    recipes.mkdir()
+    env = dict(os.environ, DS4_RECIPES_DIR=str(recipes), DS4_COMPOSE_DIR=str(compose), ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_NOCOLOR="1")
+    data = yaml.safe_load((REPO_ROOT / "recipes" / f"{RECIPE}.yaml").read_text())
+    data["name"] = name
+    data["model"].update(source="local", path=str(models))
+    data["serving"]["port"], data["serving"]["front_door"]["engine_port"] = 8094, 8095
+    (recipes / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    for kind, extra in (("manifest", {"source": "local"}), ("lock", {})):
+        body = json.loads((REPO_ROOT / "recipes" / f"{RECIPE}.{kind}.json").read_text())
+        (recipes / f"{name}.{kind}.json").write_text(json.dumps({**body, **extra, "recipe": name}, indent=2))
+    subprocess.run([sys.executable, "-m", "ds4deploy.cli", "render", name], env=env, check=True,
+                   capture_output=True)
+    gen = _cli("model", "generate", RECIPE, "--dest", str(tmp_path / "gen"))
+    assert gen.returncode == 0, gen.stderr
+    models.mkdir()
+    first, second = sorted(json.loads(gen.stdout)["files"])
+    (tmp_path / "gen" / first).rename(models / first)
+    key_file = Path(f"/etc/ds4deploy/secrets/{name}.env")
+    p = subprocess.run(["make", "--no-print-directory", "deploy", f"RECIPE={name}"], cwd=REPO_ROOT, env=env,
+                       capture_output=True, text=True, timeout=900, check=False)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-3000:]
+    assert f"does not match recipes/{name}.manifest.json (nothing was changed on any node)" in out, out[-3000:]
+    assert second in out.split("missing or differing files:")[1][:300], out[-3000:]
+    assert "Fix: put the files" in out and "MODEL_FROM=" in out and "Traceback" not in out
+    assert "PLAY [Provision GPU" not in out, "a node was changed after the refusal"
+    assert containers_of(f"ds4-{name}") == [] and not key_file.exists()
+    assert sorted(x.name for x in models.iterdir()) == [first]
+
+
 # ---- the conformance matrix (`ds4deploy conformance`), judged as tests/infra/test_serving.py judges vLLM's ----
 #
 # tests/infra/test_serving.py: no case may fail, and the cases a grammar forces must pass on every model. llama.cpp

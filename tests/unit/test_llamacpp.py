@@ -169,16 +169,119 @@ def test_key_shim_hands_the_key_file_variable_to_llama_server():
     assert cmd[:len(LLAMACPP_KEY_SHIM)] == LLAMACPP_KEY_SHIM and "--api-key" not in cmd
 
 
-def test_the_deploy_of_a_llamacpp_recipe_is_refused_before_any_node_is_read(tmp_path):
-    """The roles stage and build for the vLLM family only: `ds4deploy vars --scope deploy` (what `make deploy` runs
-    first) refuses a llama.cpp recipe with the cause and the by-hand way, and writes no variables file."""
+@pytest.mark.tool
+def test_the_deploy_vars_of_cpu_llamacpp_are_written_with_its_own_ports():
+    """`ds4deploy vars --scope deploy` (what `make deploy` runs first) accepts cpu-llamacpp: every check passes and
+    the play variables carry the recipe's ports, off the cpu recipe's 8000/8001 so both stacks run on one host."""
+    import yaml
+
     from tests.unit.conftest import run_cli
 
     p = run_cli("vars", "cpu-llamacpp", "--inventory", "ansible/inventories/local.yml", "--scope", "deploy")
-    assert p.returncode == 2, p.stdout + p.stderr
-    assert "the deploy of llamacpp recipes is not wired yet" in p.stderr and "Traceback" not in p.stderr
-    assert "docker compose -f compose/cpu-llamacpp/compose.yaml up -d" in p.stderr
-    assert p.stdout.strip() == ""
+    assert p.returncode == 0, p.stdout + p.stderr
+    dv = yaml.safe_load(Path(p.stdout.strip()).read_text())
+    assert (dv["ds4_port"], dv["ds4_engine_port"]) == (8020, 8021)
+    assert dv["ds4_model_source"] == "generated" and dv["ds4_image"] == load_recipe("cpu-llamacpp").image_ref
+    cpu = load_recipe("cpu")
+    assert {8020, 8021}.isdisjoint({cpu.serving.port, cpu.engine_port})
+
+
+def _scratch_llamacpp(tmp_path: Path, name: str, edit) -> Path:
+    """recipes/cpu-llamacpp.yaml (and its image lock) as recipe `name` in a scratch recipes/ directory, changed by
+    `edit(data)` and rendered into the scratch compose/ beside it (the render is checked before the model); returns
+    recipes/."""
+    import json
+
+    import yaml
+
+    from tests.unit.conftest import REPO, run_cli
+
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    data = yaml.safe_load((REPO / "recipes" / "cpu-llamacpp.yaml").read_text())
+    data["name"] = name
+    edit(data)
+    (recipes / f"{name}.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
+    lock = json.loads((REPO / "recipes" / "cpu-llamacpp.lock.json").read_text())
+    (recipes / f"{name}.lock.json").write_text(json.dumps({**lock, "recipe": name}))
+    run_cli("render", name, env_dir=recipes)
+    return recipes
+
+
+def _assert_refused(p, *needles: str) -> None:
+    """One message with its fix, exit 2, no traceback, no variables written."""
+    out = p.stdout + p.stderr
+    assert p.returncode == 2, out
+    assert "Traceback" not in out and p.stdout.strip() == "", out
+    assert p.stderr.startswith("error: ") and p.stderr.count("\nfix: ") == 1, p.stderr
+    for n in needles:
+        assert n in p.stderr, p.stderr
+
+
+def _local(data: dict, path: Path) -> None:
+    data["model"].update(source="local", path=str(path))
+
+
+@pytest.mark.tool
+def test_a_llamacpp_recipe_without_a_gguf_model_is_refused_before_anything(tmp_path):
+    """A llama.cpp recipe whose model is not GGUF (no model.gguf section): refused by the schema, so before any
+    check reads a node or anything is written."""
+    from tests.unit.conftest import REPO, run_cli
+
+    def edit(d):
+        _local(d, tmp_path / "models")
+        d["model"].pop("gguf")
+
+    recipes = _scratch_llamacpp(tmp_path, "bad-nogguf", edit)
+    p = run_cli("vars", "bad-nogguf", "--inventory", "ansible/inventories/local.yml", "--scope", "deploy",
+                env_dir=recipes)
+    _assert_refused(p, "model.gguf", "engine.family")
+    assert not (REPO / ".cache" / "vars" / "bad-nogguf.deploy.yml").exists()
+
+
+@pytest.mark.tool
+def test_model_from_without_the_gguf_is_refused_with_the_parts_it_lacks(tmp_path):
+    """MODEL_FROM (--model-from) for a local llama.cpp model: a safetensors checkpoint (no GGUF at all) and a split
+    GGUF with a part missing are refused on the control host, naming the missing parts, before any node is read."""
+    from tests.unit.conftest import REPO, run_cli
+
+    models = tmp_path / "models"
+    recipes = _scratch_llamacpp(tmp_path, "bad-local", lambda d: _local(d, models))
+    st = tmp_path / "st"
+    st.mkdir()
+    (st / "config.json").write_text("{}")
+    (st / "model.safetensors").write_bytes(b"\0" * 8)
+    args = ("vars", "bad-local", "--inventory", "ansible/inventories/local.yml", "--scope", "deploy")
+    p = run_cli(*args, "--model-from", str(st), env_dir=recipes)
+    _assert_refused(p, "lacks ds4-tiny-deepseek4-00001-of-00002.gguf, ds4-tiny-deepseek4-00002-of-00002.gguf",
+                    "holds no GGUF file: llama-server loads GGUF only", "point MODEL_FROM")
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "ds4-tiny-deepseek4-00001-of-00002.gguf").write_bytes(b"GGUF")
+    p = run_cli(*args, "--model-from", str(one), env_dir=recipes)
+    _assert_refused(p, "lacks ds4-tiny-deepseek4-00002-of-00002.gguf (its GGUF files: "
+                    "ds4-tiny-deepseek4-00001-of-00002.gguf)")
+    assert not (REPO / ".cache" / "vars" / "bad-local.deploy.yml").exists()
+
+
+@pytest.mark.tool
+def test_a_manifest_without_a_gguf_part_is_refused(tmp_path):
+    """A local llama.cpp model whose committed manifest lacks part 2 (locked from an incomplete copy): the deploy
+    would check every node against it and pass a node missing that part, so it is refused first."""
+    import json
+
+    from tests.unit.conftest import REPO, run_cli
+
+    recipes = _scratch_llamacpp(tmp_path, "bad-manifest", lambda d: _local(d, tmp_path / "models"))
+    manifest = json.loads((REPO / "recipes" / "cpu-llamacpp.manifest.json").read_text())
+    first = "ds4-tiny-deepseek4-00001-of-00002.gguf"
+    # One file, not named as a split part: split_gguf_problems has nothing to say; the recipe's parts do.
+    manifest.update(recipe="bad-manifest", source="local",
+                    files={"ds4-tiny-deepseek4.gguf": manifest["files"][first]})
+    (recipes / "bad-manifest.manifest.json").write_text(json.dumps(manifest))
+    p = run_cli("vars", "bad-manifest", "--inventory", "ansible/inventories/local.yml", "--scope", "deploy",
+                env_dir=recipes)
+    _assert_refused(p, f"bad-manifest.manifest.json lacks {first}", "ds4deploy model lock bad-manifest --from PATH")
 
 
 def test_every_llamacpp_argv_serves_metrics_and_no_recipe_can_turn_it_off():

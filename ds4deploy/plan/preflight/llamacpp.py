@@ -2,9 +2,11 @@
 limits the V100 owner found (docs/sources.md#v100x8-llamacpp).
 
 `gguf_parts_problem` checks the GGUF parts in a directory as the loader will read them: every part present,
-numbered 1..N of N, each a GGUF file whose ``split.no`` is its position. The model staging of this family is not
-wired yet (its deploy is refused), so today only its tests call it; the committed manifest's part names are checked
-by `ds4deploy.model.manifest.split_gguf_problems`.
+numbered 1..N of N, each a GGUF file whose ``split.no`` is its position; only its tests call it today. The deploy
+checks the parts by name and digest instead: the manifest and a MODEL_FROM directory hold every part the recipe
+names (`ds4deploy.model.staging.check_source`, on the control host), the committed manifest's split parts are
+complete (`ds4deploy.model.manifest.split_gguf_problems`), and each node's copy matches the manifest's sha256
+(ansible/roles/model/tasks/verify.yml), before any node is changed.
 """
 
 from __future__ import annotations
