@@ -181,18 +181,23 @@ def test_a_gguf_part_missing_on_the_node_stops_the_deploy_before_any_change(tmp_
 # for a template with `dsml_token`; common/parsers/deepseek.cpp at the pinned commit) builds the tool-call grammar
 # as `content_before_tools + tool_calls`, where the content before the DSML block is free text, and lets a
 # reasoning block run free with thinking on. A random-weight model then writes text until max_tokens and never opens
-# the block: under tool_choice required or named the call is the model's choice here, as under auto. Only a
-# response_format with thinking off is forced from the first token (`reasoning + response_format + end`).
+# the block: under tool_choice required the call is the model's choice here, as under auto; a named tool_choice (an
+# object) is not read at all (the engine logs "Wrong type supplied for parameter 'tool_choice', using default
+# value"). Only a response_format with thinking off is forced from the first token (`reasoning + response_format +
+# end`).
 FORCED_HERE = {("chat.guided_json", "no-stream+no-think"), ("chat.guided_json", "stream+no-think")}
 # Cases whose outcome is the model's choice on llama.cpp (above), and what their evidence says when the tiny model
-# made none: no call, no tool_use block, a JSON answer left empty at max_tokens, or llama-server's 500 when the
-# DSML block it opened was cut by max_tokens (the parser's "does not match the expected peg-native format",
-# common/chat-peg-parser.cpp): all of them the model not writing a call.
+# made none: no call, no tool_use block, a JSON answer left empty at max_tokens, or llama-server's error when its
+# DeepSeek parser cannot parse the text (an unclosed <think> block at max_tokens): a 500 "does not match the expected
+# peg-native format", or on /v1/messages at times no answer at all (the task is cancelled and the connection closed,
+# which the front door answers with a 502). `test_every_engine_error_is_an_unparsed_model_output` holds each such
+# error to a "common_chat_peg_parse: unparsed peg-native output" line in the engine's log and no engine restart.
 MODEL_CHOICE = ("tools.required_one", "tools.required_several", "tools.named", "tools.parallel",
                 "messages.tool_named", "messages.tool_any", "args.", "messages.args.", "replay.openai.args_",
                 "replay.anthropic", "chat.guided_json")
+ENGINE_ERROR = re.compile(r"expected peg-native format|HTTP 502: the engine behind the front door is not answering")
 NO_CALL = re.compile(r"gave no call|gave no tool_use|0 tool calls|0 tool_use blocks|calls \[\]|tool_use blocks \[\]"
-                     r"|is not schema-valid JSON|expected peg-native format")
+                     r"|is not schema-valid JSON|" + ENGINE_ERROR.pattern)
 # Where llama-server answers differently from vLLM by design, each named with its cause; the case's evidence must
 # match, so any other failure of these cases still fails.
 ENGINE_DIFFERENCES = {
@@ -246,6 +251,24 @@ def test_judge_fails_what_it_must():
     assert judge("chat.max_tokens_over_context", "no-stream", "fail", "HTTP 500")
     assert judge("chat.basic", "stream+think", "fail", "usage chunk missing")
     assert judge("tools.named", "stream+think", "fail", "tool_choice named gave no call (finish=length)") is None
+    assert judge("chat.basic", "no-stream", "fail", "HTTP 502: the engine behind the front door is not answering")
+
+
+def test_every_engine_error_is_an_unparsed_model_output(matrix, dv):
+    """The engine errors `judge` lets pass (`ENGINE_ERROR`) are each matched by llama-server's own log line for an
+    output its parser could not read, and the engine container never restarted: no crash hides among them."""
+    _code, report, _stderr = matrix
+    errors = [r for r in report.get("results", []) if r["verdict"] == "fail" and ENGINE_ERROR.search(r["evidence"])]
+    ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={dv['ds4_project']}",
+                          "--filter", "label=com.docker.compose.service=engine"], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert len(ids) == 1, ids
+    state = json.loads(subprocess.run(["docker", "inspect", ids[0]], capture_output=True, text=True,
+                                      check=True).stdout)[0]
+    assert state["RestartCount"] == 0 and state["State"]["Running"], state["State"]
+    log = subprocess.run(["docker", "logs", ids[0]], capture_output=True, text=True, check=True)
+    unparsed = (log.stdout + log.stderr).count("common_chat_peg_parse: unparsed peg-native output")
+    assert unparsed >= len(errors), (unparsed, [(r["case"], r["mode"], r["evidence"][:120]) for r in errors])
 
 
 def test_conformance_matrix_ran_every_case(matrix):
