@@ -13,6 +13,12 @@ CONTAINER_MODEL_DIR = "/model"
 # cpp-httplib 5 s (CPPHTTPLIB_KEEPALIVE_TIMEOUT_SECOND in vendor/cpp-httplib/httplib.h at the llama.cpp pin).
 KEEP_ALIVE_S = {"vllm": 5, "llamacpp": 5}
 KEEP_ALIVE_ENV = {"vllm": "VLLM_HTTP_TIMEOUT_KEEP_ALIVE"}
+# Whether a proxy may send a second request on a connection the engine answered, per family. llama-server at the
+# llama.cpp pin closes a kept-alive connection after some streamed (SSE) answers without announcing it (no
+# "Connection: close"): the next request sent on it gets no answer. Measured on cpu-llamacpp (2026-12-01): 29 of 200
+# streamed chat completions on one reused connection ended in "server disconnected without sending a response",
+# 0 of 200 with "Connection: close"; behind nginx's upstream keep-alive, 10 of 200 were answered 502.
+PROXY_REUSE = {"vllm": True, "llamacpp": False}
 
 
 def keep_alive_s(recipe: Recipe) -> int:
@@ -34,6 +40,12 @@ def keep_alive_s(recipe: Recipe) -> int:
                             f"{KEEP_ALIVE_S[family]} s)")
         return int(value)
     return KEEP_ALIVE_S[family]
+
+
+def proxy_may_reuse(recipe: Recipe) -> bool:
+    """Whether the front door may keep connections to the recipe's engine open for further requests
+    (`PROXY_REUSE`)."""
+    return PROXY_REUSE[recipe.engine.family]
 
 
 def listen_host(recipe: Recipe) -> str:

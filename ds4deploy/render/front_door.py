@@ -115,9 +115,13 @@ def upstream_keepalive_s(recipe: Recipe) -> int:
     the engine's 5 s: a request sent on a connection the engine is closing gets 502, and nginx does not resend a
     POST (proxy_next_upstream skips non-idempotent requests). Half, not just under: an engine whose event loop is
     busy runs its close timer late relative to the bytes already waiting on the socket (the 502s of 2026-12-01 came
-    1.6 s into such requests)."""
-    from ds4deploy.engines.common import keep_alive_s
+    1.6 s into such requests). 0 for an engine a proxy must not reuse connections to
+    (`ds4deploy.engines.common.proxy_may_reuse`: llama-server): then the proxy keeps none and asks the engine to
+    close each one after its answer (``Connection: close``)."""
+    from ds4deploy.engines.common import keep_alive_s, proxy_may_reuse
 
+    if not proxy_may_reuse(recipe):
+        return 0
     return max(1, keep_alive_s(recipe) // 2)
 
 
