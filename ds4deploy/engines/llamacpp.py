@@ -40,6 +40,14 @@ FLAGS_FILE = Path(__file__).with_name("llamacpp_flags.json")
 HEALTH_PATH = "/health"
 # gguf-split part names (tools/gguf-split, llama_split_path): <prefix>-00001-of-00005.gguf.
 SPLIT_RE = re.compile(r"^(?P<stem>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# llama-server's log line prefix with timestamps on: "<minutes>.<s>.<ms>.<us> <level> " with level D, I, W or E
+# (common/log.cpp at the pin, e.g. "0.00.111.793 E llama_model_load: ..."). Stripped before a line is judged fatal.
+LOG_PREFIX = re.compile(r"^\d+\.\d{2}\.\d{3}\.\d{3} [DIWE] ")
+# llama-server's fatal lines (the pinned source): a model that does not load (src/llama.cpp "%s: error loading
+# model: %s"), the server giving up (tools/server/server.cpp "exiting due to model loading error", "exiting due to
+# HTTP server error"), a ggml assertion (ggml/include/ggml.h GGML_ASSERT: "GGML_ASSERT(%s) failed", then abort()).
+# Its per-request errors (E "srv    send_error: ...") are not fatal.
+FATAL_LOG = re.compile(r"error loading model: |exiting due to |GGML_ASSERT\(.*\) failed")
 
 
 @cache

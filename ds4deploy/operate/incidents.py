@@ -92,13 +92,18 @@ def fatal_text(text: str) -> str | None:
     """The fatal part of one log line without its timestamp, or None when the line is not fatal.
 
     Fatal: the exception line that ends a Python traceback (``AssertionError: ...``, ``RuntimeError: ...``,
-    ``torch.distributed.DistStoreError: ...``), a failed bind, an NCCL error, a C assertion, a CUDA error.
-    vLLM's process and log prefixes are stripped.
+    ``torch.distributed.DistStoreError: ...``), a failed bind, an NCCL error, a C assertion, a CUDA error, and
+    llama-server's own fatal lines (`ds4deploy.engines.llamacpp.FATAL_LOG`: a model that does not load, a ggml
+    assertion). vLLM's process and log prefixes and llama.cpp's (`ds4deploy.engines.llamacpp.LOG_PREFIX`) are
+    stripped.
     """
+    from ds4deploy.engines.llamacpp import FATAL_LOG, LOG_PREFIX
+
     body = _PREFIX.sub("", text.rstrip(), count=1).strip()
+    body = LOG_PREFIX.sub("", body, count=1).strip()
     if not body:
         return None
-    if _EXCEPTION.match(body) or _FATAL.search(body):
+    if _EXCEPTION.match(body) or _FATAL.search(body) or FATAL_LOG.search(body):
         return body
     return None
 

@@ -7,6 +7,7 @@ tested in tests/multinode."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -62,6 +63,17 @@ def test_docker_timestamps_are_normalised_to_nanoseconds():
      "with status=12, ncclRemoteError"),
     ("python3: /src/x.cpp:10: void f(): Assertion `n > 0' failed.",
      "python3: /src/x.cpp:10: void f(): Assertion `n > 0' failed."),
+    # llama-server at the llama.cpp pin (captured on the H200, docs/results/llamacpp-h200-2026-12-01, wrong_path).
+    ("0.00.111.793 E llama_model_load: error loading model: llama_model_loader: failed to load model from "
+     "/nonexistent/model-00001-of-00005.gguf", "llama_model_load: error loading model: llama_model_loader: failed to "
+     "load model from /nonexistent/model-00001-of-00005.gguf"),
+    ("0.00.112.559 E srv  llama_server: exiting due to model loading error",
+     "srv  llama_server: exiting due to model loading error"),
+    # Not fatal: llama-server's per-request errors and warnings (captured from the cpu-llamacpp stack, 2026-12-01).
+    ("5.20.700.256 E srv    send_error: task id = 60432, error: request (22297 tokens) exceeds the available context "
+     "size (8192 tokens), try increasing it", None),
+    ("1.25.368.538 W srv    operator(): got exception: {\"error\":{\"code\":500,\"message\":\"The model produced "
+     "output that does not match the expected peg-native format\",\"type\":\"server_error\"}}", None),
     # Not fatal: a traceback frame, INFO/WARNING lines that mention errors, a warning class.
     ("(EngineCore pid=19) ERROR ... [core.py:1510]   File \".../vllm/v1/executor/abstract.py\", line 166, in "
      "get_kv_cache_specs", None),
@@ -72,6 +84,18 @@ def test_docker_timestamps_are_normalised_to_nanoseconds():
 ])
 def test_fatal_lines_are_recognised_and_the_rest_is_not(line, fatal):
     assert fatal_text(line) == fatal
+
+
+def test_a_llama_server_that_cannot_load_its_model_is_named_by_its_first_fatal_line():
+    """The tail llama-server printed for a wrong model path (captured on the H200 at the llama.cpp pin,
+    docs/results/llamacpp-h200-2026-12-01/llamacpp-h200.json, wrong_path), as `docker logs --timestamps` gives it:
+    the loader's error is the earliest fatal line, not the server's exit that follows."""
+    tail = json.loads((Path(__file__).parents[2] / "docs" / "results" / "llamacpp-h200-2026-12-01"
+                       / "llamacpp-h200.json").read_text())["wrong_path"]["tail"]
+    lines = [ln for ln in tail.splitlines() if re.match(r"^\d+\.\d{2}\.\d{3}\.\d{3} ", ln)]
+    log = "\n".join(f"2026-12-01T20:00:{i:02d}.000000001Z {ln}" for i, ln in enumerate(lines))
+    found = first_fatal("localhost", "engine", log)
+    assert found is not None and found.line.startswith("llama_model_load: error loading model: "), found
 
 
 def test_the_earliest_fatal_line_wins_across_containers():
