@@ -217,8 +217,9 @@ def _input_tokens(ctx: Context, body: dict) -> int | None:
     """Every prompt token of the request: ``input_tokens`` plus ``cache_read_input_tokens`` and
     ``cache_creation_input_tokens``, which the Messages API counts apart from it ("total input tokens" is their sum:
     https://docs.anthropic.com/en/docs/build-with-claude/prompt-caching, "Tracking cache performance"). A server
-    with a prompt cache (llama-server reuses a slot's cached prefix) reports the repeated part as a cache read, so
-    ``input_tokens`` alone shrinks on the second of two similar requests. None when the request is refused."""
+    with a prompt cache reports the repeated part as a cache read (llama-server reuses a slot's cached prefix; vLLM's
+    vllm/entrypoints/anthropic/serving.py subtracts cached tokens from ``input_tokens`` too), so ``input_tokens``
+    alone shrinks on the second of two similar requests. None when the request is refused."""
     r = anth_post(ctx, {**body, "max_tokens": 1})
     if r.status_code != 200:
         return None
