@@ -108,23 +108,6 @@ def health_probe(recipe: Recipe) -> str:
     return addr
 
 
-def upstream_keepalive_s(recipe: Recipe) -> int:
-    """Seconds the proxy keeps an idle connection to the engine for reuse: half the engine's own keep-alive
-    (`ds4deploy.engines.common.keep_alive_s`, at least 1 s), so the proxy always closes an idle connection first.
-    nginx's default (60 s, https://nginx.org/en/docs/http/ngx_http_upstream_module.html#keepalive_timeout) outlives
-    the engine's 5 s: a request sent on a connection the engine is closing gets 502, and nginx does not resend a
-    POST (proxy_next_upstream skips non-idempotent requests). Half, not just under: an engine whose event loop is
-    busy runs its close timer late relative to the bytes already waiting on the socket (the 502s of 2026-12-01 came
-    1.6 s into such requests). 0 for an engine a proxy must not reuse connections to
-    (`ds4deploy.engines.common.proxy_may_reuse`: llama-server): then the proxy keeps none and asks the engine to
-    close each one after its answer (``Connection: close``)."""
-    from ds4deploy.engines.common import keep_alive_s, proxy_may_reuse
-
-    if not proxy_may_reuse(recipe):
-        return 0
-    return max(1, keep_alive_s(recipe) // 2)
-
-
 def context(recipe: Recipe) -> dict:
     """What templates/front-door.conf.j2 and front-door.service.j2 need."""
     fd = recipe.serving.front_door
@@ -136,7 +119,6 @@ def context(recipe: Recipe) -> dict:
         "resolver": resolver(recipe),
         # What proxy_pass names: the engine's address in a variable (resolved per request) or the upstream block.
         "engine_ref": "$ds4_engine" if resolver(recipe) else "engine",
-        "upstream_keepalive_s": upstream_keepalive_s(recipe),
         "allow": fd.allow,
         "anthropic_prefixes": ANTHROPIC_PREFIXES,
         "max_body_mib": recipe.max_body_mib,

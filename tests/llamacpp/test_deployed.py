@@ -104,7 +104,7 @@ def test_streamed_answers_back_to_back_are_all_answered(url, key, dv):
     """300 short streamed chat completions in a row on one client connection, through the front door: every one is
     answered 200. llama-server closes a kept-alive connection after some streamed answers without saying so; while
     the front door reused its connections to it, 10 of 200 such requests were answered 502
-    (ds4deploy.engines.common.PROXY_REUSE)."""
+    (docs/sources.md#front-door-no-reuse)."""
     statuses = []
     with httpx.Client(timeout=60, headers={"Authorization": f"Bearer {key}"}) as client:
         for i in range(300):
@@ -208,8 +208,8 @@ FORCED_HERE = {("chat.guided_json", "no-stream+no-think"), ("chat.guided_json", 
 # DeepSeek parser cannot parse the text (an unclosed <think> block at max_tokens): "does not match the expected
 # peg-native format". `test_every_engine_error_is_an_unparsed_model_output` holds each such 500 to a
 # "common_chat_peg_parse: unparsed peg-native output" line in the engine's log and no engine restart. A 502 (no
-# answer from the engine) is no such case: it fails (it came from reused connections, ds4deploy.engines.common.
-# PROXY_REUSE).
+# answer from the engine) is no such case: it fails (it came from reused connections,
+# docs/sources.md#front-door-no-reuse).
 MODEL_CHOICE = ("tools.required_one", "tools.required_several", "tools.named", "tools.parallel",
                 "messages.tool_named", "messages.tool_any", "args.", "messages.args.", "replay.openai.args_",
                 "replay.anthropic", "chat.guided_json")

@@ -303,15 +303,3 @@ def test_every_llamacpp_argv_serves_metrics_and_no_recipe_can_turn_it_off():
     assert "--metrics" in server_args(off)
     with pytest.raises(UserError, match="no flag --no-metrics"):
         server_args(_with("cpu-llamacpp", **{"engine.llamacpp.extra_args": {"no-metrics": True}}))
-
-
-def test_the_front_door_reuses_no_connection_to_llama_server():
-    """llama-server closes a kept-alive connection after some streamed answers without saying so
-    (ds4deploy.engines.common.PROXY_REUSE): the rendered front door of a llama.cpp recipe keeps no idle upstream
-    connection and asks for a close after each answer; a vLLM recipe's keeps them (2 s)."""
-    from ds4deploy.render import compose as render
-
-    llama = render.render(load_recipe("cpu-llamacpp")).files["front-door.conf.template"]
-    vllm = render.render(load_recipe("cpu")).files["front-door.conf.template"]
-    assert "keepalive 16;" not in llama and 'proxy_set_header Connection "close";' in llama
-    assert "keepalive 16;" in vllm and "keepalive_timeout 2s;" in vllm and 'proxy_set_header Connection "";' in vllm
