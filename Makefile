@@ -137,7 +137,8 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 # then the unit tests marked `engine` against the deployed cpu stack's own engine: tier "unit engine"), tries the
 # bad-input paths, tears down; then
 # (cpu recipe) makes a bundle and deploys it again from a fresh copy with the network blocked (tests/offline), and
-# deploys the two-node stack, breaks it three ways under the supervisor and starts a head alone (tests/multinode).
+# deploys the two-node stack, breaks it under the supervisor (worker killed, worker frozen, both down, a daemon
+# restart in CI) and starts a head alone (tests/multinode).
 # Each tier prints its wall time ("tier <name>: N s") and pytest its ten slowest tests.
 TIER = tools/tier "$(1)"
 e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests/offline and tests/multinode

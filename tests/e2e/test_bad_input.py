@@ -144,7 +144,9 @@ def test_a_hand_edited_front_door_config_is_refused_as_stale(scratch):
     the deploy names the file and the fix before any container exists."""
     name = scratch.variant("e2e-fdedit", lambda d: None)
     conf = scratch.compose / name / "front-door.conf.template"
-    conf.write_text(conf.read_text().replace("keepalive 16;", "keepalive sixteen"))
+    text = conf.read_text()
+    assert "proxy_buffering off;" in text  # the edit below must change the file, or the test proves nothing
+    conf.write_text(text.replace("proxy_buffering off;", "proxy_buffering sixteen;"))
     p = scratch.deploy(name)
     _assert_clean_failure(p, f"ds4-{name}", "front-door.conf.template differs from the recipe",
                           "fix: run `ds4deploy render`")
