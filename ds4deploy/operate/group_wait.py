@@ -22,7 +22,7 @@ from typing import Protocol
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.operate.incidents import docker_env, node_project
-from ds4deploy.operate.supervisor import UNKNOWN, Target
+from ds4deploy.operate.supervisor import UNKNOWN, Target, describe_states
 
 # Docker container states (`docker ps --format {{.State}}`) of a node that is still starting: created (not started
 # yet) or running. Any other state (exited, dead, restarting after an exit, paused, removing) or no container at all
@@ -65,7 +65,7 @@ class GroupDocker(Target):
                 health[name] = st.stdout.strip() or "unknown"
         except (OSError, subprocess.TimeoutExpired) as exc:
             return False, f"{head.name}: docker: {exc}"
-        detail = ", ".join(f"{n}: {h}" for n, h in sorted(health.items())) or f"{head.name}: no engine container"
+        detail = describe_states(health) or f"{head.name}: no engine container"
         return bool(health) and all(h == "healthy" for h in health.values()), detail
 
 
@@ -107,14 +107,13 @@ def wait_for_group(grp: Group, timeout_s: float, interval_s: float = INTERVAL_S,
         ok, health = grp.engine_health()
         if stopped:
             raise UserError(
-                "the group cannot come up: " + ", ".join(f"{n}: {st}" for n, st in sorted(stopped.items()))
-                + f" {WAITED} (head engine: {health})",
+                f"the group cannot come up: {describe_states(stopped)} {WAITED} (head engine: {health})",
                 "read that node's first error in the deploy's incident folder (or `docker logs` on it), fix it and "
                 "deploy again: the deploy starts every worker before the head", code=1)
         if ok:
             return health
         if clock() >= deadline:
             raise UserError(f"the head's engine was not healthy within {timeout_s:g} s ({health}; containers: "
-                            f"{', '.join(f'{n}: {st}' for n, st in sorted(states.items()))})",
+                            f"{describe_states(states)})",
                             "read every node's log (`make logs`, or the deploy's incident folder)", code=1)
         sleep(interval_s)

@@ -66,6 +66,11 @@ GAVE_UP_EXIT = 3
 UNKNOWN = "unknown"  # prefix of a node state when its Docker daemon did not answer (`Target.container_states`)
 
 
+def describe_states(states: dict[str, str]) -> str:
+    """Node -> state, as one line for the journal and messages: "node-a: running, node-b: exited" (sorted by node)."""
+    return ", ".join(f"{n}: {st}" for n, st in sorted(states.items()))
+
+
 @dataclass
 class Policy:
     """Supervision timing. Seconds throughout.
@@ -277,7 +282,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
             # No daemon to ask and none to start containers on: a restart now can only fail. Wait, unbudgeted.
             if unreachable_since is None:
                 unreachable_since = clock()
-                journal.write("unreachable", detail=", ".join(f"{n}: {s}" for n, s in sorted(lost.items())))
+                journal.write("unreachable", detail=describe_states(lost))
             healthy_since = None
             sleep(policy.interval_s)
             continue
@@ -286,7 +291,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
             unreachable_since = None
         down = {name: st for name, st in states.items() if st != "running"}
         if down:
-            reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
+            reason, detail = "engine-down", describe_states(down)
         else:
             ok, detail = target.health()
             if not ok:
@@ -322,7 +327,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                 if any(st.startswith(UNKNOWN) for st in down.values()):
                     reason = None  # a daemon stopped answering meanwhile: the next check waits for it
                 elif down:
-                    reason, detail = "engine-down", ", ".join(f"{n}: {s}" for n, s in sorted(down.items()))
+                    reason, detail = "engine-down", describe_states(down)
         if reason is None:
             if misses == 0:
                 healthy_since = clock() if healthy_since is None else healthy_since
@@ -341,8 +346,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
         if reason != "engine-down" and incident.stopped:
             # `docker ps` can still say "running" for a moment after a kill while the head already fails; the
             # states saved with the logs are a later look (seen in CI: a killed worker first judged "wedged").
-            detail = ", ".join(f"{n}: {s}" for n, s in sorted(incident.stopped.items())) + f" (first seen as " \
-                f"{reason}: {detail})"
+            detail = f"{describe_states(incident.stopped)} (first seen as {reason}: {detail})"
             reason, states = "engine-down", {**states, **incident.stopped}
         journal.write("failure", reason=reason, detail=detail, states=states,
                       incident=str(incident.dir) if incident.dir else None,
