@@ -1,9 +1,9 @@
 """Bad input through the real `make deploy`: each ends with one message naming the cause and the fix, a
-non-zero exit, no traceback, and no half-deployed containers."""
+non-zero exit, no traceback, and no half-deployed containers. A misspelled key, a port in use and a key file others
+can read are refused before any change in tests/e2e/test_refusal_order.py (which also proves the node unchanged)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 
 import pytest
@@ -20,27 +20,10 @@ def _assert_clean_failure(p: subprocess.CompletedProcess, project: str, *needles
     assert containers_of(project) == []
 
 
-def test_misspelled_key_stops_before_any_host_is_touched(scratch):
-    name = scratch.variant("e2e-typo", lambda d: d["serving"].update(max_num_seq=4), render=False)
-    p = scratch.deploy(name)
-    _assert_clean_failure(p, f"ds4-{name}", "serving.max_num_seq = 4", "fix: edit")
-    assert "PLAY [" not in p.stdout, "ansible must not start for an invalid recipe"
-
-
 def test_unrendered_recipe_says_to_render(scratch):
     name = scratch.variant("e2e-norender", lambda d: None, render=False)
     p = scratch.deploy(name)
     _assert_clean_failure(p, f"ds4-{name}", "is missing", "fix: run `ds4deploy render`")
-
-
-def test_port_in_use_is_named_with_the_fix(scratch):
-    name = scratch.variant("e2e-port", lambda d: None)
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        s.bind(("127.0.0.1", 8093))
-        s.listen()
-        p = scratch.deploy(name)
-    _assert_clean_failure(p, f"ds4-{name}", "port 8093", "already in use", "Fix: stop that process")
 
 
 def test_unwritable_model_directory(scratch, tmp_path):
@@ -107,23 +90,6 @@ def test_exposed_bind_without_key_is_refused(scratch, bad):
     name = scratch.variant("e2e-open", edit, render=False)
     p = scratch.deploy(name)
     _assert_clean_failure(p, f"ds4-{name}", "serving.auth.mode must be 'api_key'")
-
-
-def test_a_key_file_readable_by_others_is_refused(scratch):
-    """A key file others may read is refused on the node before anything starts (stack role), with the chmod fix."""
-    from pathlib import Path
-
-    name = scratch.variant("e2e-keymode", lambda d: None)
-    key = Path(f"/etc/ds4deploy/secrets/{name}.env")
-    key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    key.write_text("VLLM_API_KEY=ds4-e2ekeymodetest\n")
-    key.chmod(0o644)
-    try:
-        p = scratch.deploy(name)
-    finally:
-        key.unlink()
-    _assert_clean_failure(p, f"ds4-{name}", f"the API key file {key}", "readable or writable by others",
-                          f"chmod 0600 {key}", "Nothing was started")
 
 
 def test_engine_port_clashing_with_the_front_door_is_refused(scratch):

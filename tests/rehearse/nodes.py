@@ -238,8 +238,54 @@ def down(remove_data: bool = True) -> None:
     shutil.rmtree(RUN, ignore_errors=True)
 
 
-def load_images(node: Node, archive: Path) -> None:
-    """Load a `docker save` archive into the node's daemon."""
-    with archive.open("rb") as fh:
-        subprocess.run(["docker", "load", "--quiet"], stdin=fh, check=True, capture_output=True, timeout=1800,
-                       env={**os.environ, "DOCKER_HOST": node.docker_host})
+def load_images(targets: list[Node], source: list[str] | Path) -> None:
+    """Load images into the daemons of `targets`, all at once: `source` is either image references, streamed from
+    this machine's `docker save` with no archive on disk, or a `docker save` archive. Read in 1 MiB chunks, each
+    written to every node's `docker load`.
+
+    Disk: each node's daemon unpacks the whole stream into a temporary directory under its data root before it
+    registers the layers (moby image/tarexport/load.go untars the archive into a temp dir first), so a load needs
+    about twice the images' size free per node while it runs (`free_disk_needed`).
+
+    Raises RuntimeError naming each node whose load failed with the tail of its daemon's answer (e.g. "no space left
+    on device"), or the save's."""
+    if isinstance(source, Path):
+        save, stream = None, source.open("rb")
+    else:
+        save = subprocess.Popen(["docker", "save", *source], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stream = save.stdout
+    loads = {node: subprocess.Popen(["docker", "load", "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, env={**os.environ, "DOCKER_HOST": node.docker_host})
+             for node in targets}
+    live = dict(loads)
+    with stream:
+        while live and (chunk := stream.read(1 << 20)):
+            for node, load in list(live.items()):
+                try:
+                    load.stdin.write(chunk)
+                except BrokenPipeError:  # that load failed: its answer is read below
+                    del live[node]
+    failed = []
+    for node, load in loads.items():
+        try:
+            load.stdin.close()
+        except BrokenPipeError:
+            pass
+        if load.wait(timeout=1800):
+            failed.append(f"{node.name}: {load.stderr.read().decode(errors='replace').strip()[-600:]}")
+    if save is not None and save.wait(timeout=60) and live:
+        failed.append(f"this machine's docker save: {save.stderr.read().decode(errors='replace').strip()[-600:]}")
+    if failed:
+        raise RuntimeError("loading images into the stand-in nodes failed: " + "; ".join(failed))
+
+
+def free_disk_needed(refs: list[str], targets: int) -> int:
+    """Bytes that loading `refs` into `targets` node daemons at once needs free under DATA: twice the images' size
+    per node (`load_images`). The size is `docker image inspect .Size` summed over the images that are not a base of
+    another one in `refs` (whose layers are a prefix of its layers): an upper bound, as layers shared otherwise are
+    counted twice."""
+    out = subprocess.run(["docker", "image", "inspect", "--format", "{{.Size}} {{json .RootFS.Layers}}", *refs],
+                         capture_output=True, text=True, check=True, timeout=60).stdout.splitlines()
+    images = {tuple(json.loads(layers)): int(size) for size, layers in (line.split(" ", 1) for line in out)}
+    return 2 * targets * sum(size for layers, size in images.items()
+                             if not any(other[:len(layers)] == layers and other != layers for other in images))

@@ -31,7 +31,6 @@ import sys
 import tarfile
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 
@@ -278,7 +277,8 @@ class Rehearsal:
 
         The node daemons keep their data from one rehearsed recipe to the next (`node_data`): the layers of an image
         every node already holds (the stand-in's 4 GB base, the front door) are left out of the archive, so only the
-        stand-in's own small layers are loaded after the first recipe."""
+        stand-in's own small layers are loaded after the first recipe. (Building the stand-in in each node's daemon
+        instead gives each node another image ID, which the deploy refuses: one server, one image.)"""
         base = load_recipe("cpu").image_ref
         if subprocess.run(["docker", "image", "inspect", base], capture_output=True, check=False).returncode:
             pytest.fail(f"the stand-in engine is built FROM {base} (vLLM's CPU build, for its argument parser), "
@@ -302,16 +302,30 @@ class Rehearsal:
         on_node = {node: {ref: node.docker("image", "inspect", "--format", "{{.Id}}", ref, check=False
                                            ).stdout.strip() for ref in wanted} for node in self.nodes}
         lacking = [node for node in self.nodes if on_node[node] != ids]
-        if lacking:
+        held = [ref for ref in wanted if all(on_node[node][ref] == ids[ref] for node in lacking)]
+        if lacking and not held:  # the first recipe of a run: streamed, no archive on disk
+            self._enough_disk(wanted, len(lacking))
+            nodes.load_images(lacking, wanted)
+        elif lacking:
             archive = self.tmp / "images.tar"
-            subprocess.run(["docker", "save", "-o", str(archive), *wanted], check=True, timeout=1800)
-            held = [ref for ref in wanted if all(on_node[node][ref] == ids[ref] for node in lacking)]
-            if held:
+            try:
+                subprocess.run(["docker", "save", "-o", str(archive), *wanted], check=True, timeout=1800)
                 archive = _without_layers_of(archive, held)
-            with ThreadPoolExecutor(len(lacking)) as pool:
-                list(pool.map(lambda node: nodes.load_images(node, archive), lacking))
-            archive.unlink()
+                nodes.load_images(lacking, archive)
+            finally:
+                for left in (self.tmp / "images.tar", self.tmp / "images-thin.tar"):
+                    left.unlink(missing_ok=True)
         self.timings["images"] = round(time.monotonic() - t0, 1)
+
+    @staticmethod
+    def _enough_disk(refs: list[str], targets: int) -> None:
+        """Fail with the cause and the fix when the node daemons' filesystem lacks the room that loading `refs` into
+        `targets` nodes needs (`nodes.free_disk_needed`): a load that runs out of disk leaves only "exit status 1"."""
+        need, free = nodes.free_disk_needed(refs, targets), shutil.disk_usage(nodes.DATA).free
+        if free < need:
+            pytest.fail(f"loading the stand-in images into {targets} node(s) needs {need / 2**30:.1f} GiB free under "
+                        f"{nodes.DATA}; {free / 2**30:.1f} GiB is. Fix: free disk on that filesystem (rehearsal "
+                        "folders left in /tmp, unused images), then rehearse.")
 
     def _gid_trees(self) -> dict[str, Path]:
         out = {}
