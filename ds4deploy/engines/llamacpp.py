@@ -50,6 +50,25 @@ LOG_PREFIX = re.compile(r"^\d+\.\d{2}\.\d{3}\.\d{3} [DIWE] ")
 FATAL_LOG = re.compile(r"error loading model: |exiting due to |GGML_ASSERT\(.*\) failed")
 
 
+# llama-server's /metrics page (pinned llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f, as vendored by
+# llama-cpp-python 0.3.36: tools/server/server-task.cpp, server_task_result_metrics::to_metrics, which writes every
+# name below with a `llamacpp:` prefix, HELP and TYPE lines; docs/sources.md#llamacpp-metrics). The gauges:
+# requests_processing = slots processing a request (server-context.cpp, SERVER_TASK_TYPE_METRICS: slots with
+# is_processing()), requests_deferred = requests queued because no slot was free (queue_tasks_deferred_size()).
+# The counters that move when the server works (server-context.cpp, metrics_post_decode / metrics_flush_prompt /
+# metrics_on_prediction): n_decode_total, one per llama_decode() call, so it moves with every batch of a long
+# prefill (prompt_tokens_total is only added when a batch with output completes); prompt and cached-prompt tokens
+# and their seconds; generated tokens and their seconds; the speculative-decoding draft counters. Left out: the
+# averaged rates (prompt_tokens_seconds, predicted_tokens_seconds, n_busy_slots_per_decode: their window is reset by
+# every scrape, so they change without any work) and n_tokens_max (a high-water mark, not a counter of work). The
+# supervisor's progress reading (`ds4deploy.operate.progress.read_llamacpp`) takes its names from here.
+METRICS = {name: f"llamacpp:{name}" for name in (
+    "n_decode_total", "prompt_tokens_total", "prompt_tokens_cached_total", "prompt_seconds_total",
+    "tokens_predicted_total", "tokens_predicted_seconds_total", "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total", "spec_decode_num_drafts_total", "requests_processing",
+    "requests_deferred")}
+
+
 @cache
 def known_flags() -> dict[str, dict]:
     """``{flag: {"value": bool, "negation": bool}}``: every flag llama-server accepts at the pinned commit."""

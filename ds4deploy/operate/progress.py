@@ -17,7 +17,7 @@ probe request waits behind the user's request, and a long prefill prints nothing
   engine wedged (with the 5 s reading timeout of before, the supervisor's readings failed under the e2e load).
 
 One family's reading lives in one function of `READERS`, keyed by ``engine.family``. Both families serve /metrics
-in the Prometheus text format, read with prometheus-client's own parser:
+in the Prometheus text format (`ds4deploy.parsers.prometheus.sum_samples`):
 
 - ``vllm``: `read_vllm` (the scheduler's running/waiting gauges, token counters, iteration histogram, KV-cache fill);
 - ``llamacpp``: `read_llamacpp` (llama-server started with ``--metrics``, which `ds4deploy.engines.llamacpp` always
@@ -32,27 +32,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-# vLLM's Prometheus samples (vllm/v1/metrics/loggers.py, PrometheusStatLogger; docs/sources.md#vllm-health-metrics)
-# that move whenever the scheduler does work. Counters: prompt and generated tokens (counted when a request's first
-# token and each later one comes out), finished requests, preemptions, prefix-cache lookups (counted when a request
-# is scheduled), and the `_count` of the per-iteration token histogram (one observation per engine step that
-# produced tokens). Gauges: the KV-cache fill (moves with every chunk of a chunked prefill) and the scheduler's
-# running/waiting counts. Samples are summed over their labels (model name, engine index).
-VLLM_RUNNING = "vllm:num_requests_running"
-VLLM_WAITING = "vllm:num_requests_waiting"
-VLLM_PROGRESS = (
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:iteration_tokens_total_count",
-    "vllm:request_success_total",
-    "vllm:num_preemptions_total",
-    "vllm:prefix_cache_queries_total",
-    "vllm:kv_cache_usage_perc",
-    VLLM_RUNNING,
-    VLLM_WAITING,
-)
+from ds4deploy.engines.llamacpp import METRICS as LLAMACPP_METRICS
+from ds4deploy.engines.vllm import METRICS as VLLM_METRICS
+from ds4deploy.parsers.prometheus import sum_samples
+
+# vLLM's samples that move whenever the scheduler does work (names: `ds4deploy.engines.vllm.METRICS`). Counters:
+# prompt and generated tokens (counted when a request's first token and each later one comes out), finished
+# requests, preemptions, prefix-cache lookups (counted when a request is scheduled), and the `_count` of the
+# per-iteration token histogram (one observation per engine step that produced tokens). Gauges: the KV-cache fill
+# (moves with every chunk of a chunked prefill) and the scheduler's running/waiting counts. Samples are summed over
+# their labels (model name, engine index).
+VLLM_RUNNING = VLLM_METRICS["requests_running"]
+VLLM_WAITING = VLLM_METRICS["requests_waiting"]
+VLLM_PROGRESS = tuple(VLLM_METRICS[k] for k in (
+    "prompt_tokens", "generation_tokens", "iteration_tokens_count", "requests_finished", "preemptions",
+    "prefix_cache_queries", "kv_cache_usage", "requests_running", "requests_waiting"))
 
 
 @dataclass(frozen=True)
@@ -88,11 +83,7 @@ def _reading(text: str, names: tuple[str, ...], running: str, waiting: str, hint
     Raises:
         ValueError: the page is not Prometheus text, or lacks either gauge (the message names both, then `hint`).
     """
-    sums: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name in names:
-                sums[sample.name] = sums.get(sample.name, 0.0) + float(sample.value)
+    sums = sum_samples(text, names)
     if running not in sums or waiting not in sums:
         raise ValueError(f"no {running} / {waiting} on the metrics page{hint}")
     return Reading(sums[running], sums[waiting], tuple(sorted(sums.items())))
@@ -117,32 +108,11 @@ def read_vllm(url: str, key: str | None, timeout_s: float) -> Reading:
     return parse_vllm_metrics(_metrics_page(url, key, timeout_s))
 
 
-# llama-server's /metrics page (pinned llama.cpp 0c1e57098bba43ac29e6e3b677cdceebdd22334f, as vendored by
-# llama-cpp-python 0.3.36: tools/server/server-task.cpp, server_task_result_metrics::to_metrics, which writes every
-# name below with a `llamacpp:` prefix, HELP and TYPE lines; docs/sources.md#llamacpp-metrics). The gauges:
-# requests_processing = slots processing a request (server-context.cpp, SERVER_TASK_TYPE_METRICS: slots with
-# is_processing()), requests_deferred = requests queued because no slot was free (queue_tasks_deferred_size()).
-# The counters that move when the server works (server-context.cpp, metrics_post_decode / metrics_flush_prompt /
-# metrics_on_prediction): n_decode_total, one per llama_decode() call, so it moves with every batch of a long
-# prefill (prompt_tokens_total is only added when a batch with output completes); prompt and cached-prompt tokens
-# and their seconds; generated tokens and their seconds; the speculative-decoding draft counters. Left out: the
-# averaged rates (prompt_tokens_seconds, predicted_tokens_seconds, n_busy_slots_per_decode: their window is reset by
-# every scrape, so they change without any work) and n_tokens_max (a high-water mark, not a counter of work).
-LLAMACPP_RUNNING = "llamacpp:requests_processing"
-LLAMACPP_WAITING = "llamacpp:requests_deferred"
-LLAMACPP_PROGRESS = (
-    "llamacpp:n_decode_total",
-    "llamacpp:prompt_tokens_total",
-    "llamacpp:prompt_tokens_cached_total",
-    "llamacpp:prompt_seconds_total",
-    "llamacpp:tokens_predicted_total",
-    "llamacpp:tokens_predicted_seconds_total",
-    "llamacpp:spec_decode_num_draft_tokens_total",
-    "llamacpp:spec_decode_num_accepted_tokens_total",
-    "llamacpp:spec_decode_num_drafts_total",
-    LLAMACPP_RUNNING,
-    LLAMACPP_WAITING,
-)
+# llama-server's samples that move when it works, and its two gauges (names and their sources:
+# `ds4deploy.engines.llamacpp.METRICS`; the averaged rates and the high-water mark are left out there).
+LLAMACPP_RUNNING = LLAMACPP_METRICS["requests_processing"]
+LLAMACPP_WAITING = LLAMACPP_METRICS["requests_deferred"]
+LLAMACPP_PROGRESS = tuple(LLAMACPP_METRICS.values())
 
 
 def parse_llamacpp_metrics(text: str) -> Reading:
