@@ -20,9 +20,10 @@ byte-identical greedy output (or a near tie). This command runs that A/B:
 - Identity: per pair, the streamed reasoning + content bytes of A and B (sha256 and the text); the first
   differing byte is reported. The verdict is "identical" only if every pair is byte-identical.
 
-- Across engine families (``--cross-family``, or A and B recipes of different ``engine.family``: vLLM against
-  llama.cpp): byte identity is not expected (other kernels, other numerics, another tokenizer implementation), so
-  it is no verdict; the report gives agreement apart from speed: pairs identical, and the share of the longer
+- Across engine families (``--cross-family``, or A and B of different engine families: a recipe's
+  ``engine.family``, else the ``owned_by`` of the server's ``/v1/models``; vLLM against llama.cpp): byte identity
+  is not expected (other kernels, other numerics, another tokenizer implementation), so it is no verdict; the
+  report gives agreement apart from speed: pairs identical, and the share of the longer
   output's bytes before the first difference (median, min..max over pairs). The exit code then says only whether
   every request succeeded.
 
@@ -52,6 +53,7 @@ from ds4deploy.bench.report import atomic_write_text
 from ds4deploy.bench.run import check_server, read_key
 from ds4deploy.bench.stream import RequestResult, StreamParser, error_text, feed_stream
 from ds4deploy.core.errors import UserError
+from ds4deploy.engines import family_of_models
 
 BOOTSTRAP_RESAMPLES = 2000
 
@@ -65,6 +67,7 @@ class Side:
     url: str
     key: str | None
     model: str | None
+    family: str | None = None  # engine family: the recipe's engine.family, else what the server's /v1/models says
 
 
 def resolve_side(label: str, spec: str, key_file: str | None) -> Side:
@@ -81,7 +84,18 @@ def resolve_side(label: str, spec: str, key_file: str | None) -> Side:
 
     recipe = load_recipe(spec)
     return Side(label, spec, base_url(recipe.serving.bind_address, recipe.serving.port).rstrip("/"),
-                read_key(recipe, key_file), recipe.model.served_name)
+                read_key(recipe, key_file), recipe.model.served_name, recipe.engine.family)
+
+
+def served_family(client: httpx.Client, side: Side) -> str | None:
+    """`side`'s engine family: the recipe's, else from the server's ``/v1/models`` (``owned_by``,
+    `ds4deploy.engines.family_of_models`), else None."""
+    if side.family:
+        return side.family
+    try:
+        return family_of_models(client.get(f"{side.url}/v1/models", timeout=30).json())
+    except (httpx.HTTPError, ValueError):
+        return None
 
 
 def served_model(client: httpx.Client, side: Side, wanted: str | None) -> str:
@@ -218,7 +232,8 @@ def _fmt_ratio(s: dict) -> str:
 
 def _side(s: dict) -> str:
     where = s["url"] if s["spec"] == s["url"] else f"{s['spec']}, {s['url']}"
-    return f"{where}, model `{s['model']}`" + (f" ({s['label']})" if s.get("label") else "")
+    fam = f", engine family {s['family']}" if s.get("family") else ""
+    return f"{where}, model `{s['model']}`{fam}" + (f" ({s['label']})" if s.get("label") else "")
 
 
 def _cell(text: str) -> str:
@@ -302,15 +317,6 @@ def _fmt_req(r: dict) -> str:
     return f"{r['completion_tokens']} tok, TTFT {r['ttft_s'] * 1000:.0f} ms, {r['output_tok_s']:.1f} tok/s"
 
 
-def _families_differ(a: str, b: str) -> bool:
-    """True when A and B are both recipe names whose ``engine.family`` differs (URLs say nothing)."""
-    if a.startswith(("http://", "https://")) or b.startswith(("http://", "https://")):
-        return False
-    from ds4deploy.recipe.load import load_recipe
-
-    return load_recipe(a).engine.family != load_recipe(b).engine.family
-
-
 def run_ab(ns: argparse.Namespace) -> int:
     """Entry point of `ds4deploy bench ab`. Returns 0 (identical, no failure; across families: no failure), 1 (differs
     or failed)."""
@@ -324,7 +330,6 @@ def run_ab(ns: argparse.Namespace) -> int:
     if a.url == b.url:
         raise UserError(f"A and B are the same server ({a.url})", "start the second configuration on another port")
     say = (lambda _m: None) if ns.quiet else (lambda m: print(m, flush=True))
-    cross = bool(getattr(ns, "cross_family", False)) or _families_differ(ns.a, ns.b)
     run_id = secrets.token_hex(4)
     contents = list(ns.content or CONTENT_TYPES)
     first, second = sorted((a, b), key=lambda s: s.url)  # fixed lock order: two A/Bs never deadlock
@@ -332,6 +337,10 @@ def run_ab(ns: argparse.Namespace) -> int:
         for s in (a, b):
             with httpx.Client(headers=_auth(s), timeout=httpx.Timeout(ns.timeout, connect=30)) as client:
                 s.model = served_model(client, s, ns.model)
+                s.family = served_family(client, s)
+        # Across families when asked, or when both sides say which family serves them and they differ.
+        cross = bool(getattr(ns, "cross_family", False)) or (None not in (a.family, b.family)
+                                                             and a.family != b.family)
         with httpx.Client(headers=_auth(a), timeout=httpx.Timeout(ns.timeout, connect=30)) as client:
             counter = TokenCounter(client, a.url, a.model)
             ctx = {c: fit_context(counter, c, ns.prompt_tokens, None, run_id)[0] for c in contents}
@@ -353,8 +362,8 @@ def run_ab(ns: argparse.Namespace) -> int:
     res = {
         "schema": "ds4deploy-bench-ab/1", "name": ns.name, "run_id": run_id,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "a": {"spec": a.spec, "url": a.url, "model": a.model, "label": ns.label_a},
-        "b": {"spec": b.spec, "url": b.url, "model": b.model, "label": ns.label_b},
+        "a": {"spec": a.spec, "url": a.url, "model": a.model, "label": ns.label_a, "family": a.family},
+        "b": {"spec": b.spec, "url": b.url, "model": b.model, "label": ns.label_b, "family": b.family},
         "seed": ns.seed, "max_tokens": ns.max_tokens, "ignore_eos": ns.ignore_eos, "prompt_tokens": ns.prompt_tokens,
         "contents": contents, "stats": stats, "pairs": pairs, "cross_family": cross,
     }

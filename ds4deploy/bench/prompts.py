@@ -92,6 +92,14 @@ def message_text(salt_text: str | None, context: str, instruction: str) -> str:
     return f"{head}{context}\n\n{instruction}"
 
 
+def _json_or_none(r: httpx.Response):
+    """The response's JSON body, or None when it is not JSON."""
+    try:
+        return r.json()
+    except ValueError:
+        return None
+
+
 class TokenCounter:
     """Counts the templated prompt tokens of a chat request on the server under test."""
 
@@ -113,9 +121,12 @@ class TokenCounter:
             if template_kwargs:
                 body["chat_template_kwargs"] = template_kwargs
             r = self.client.post(f"{self.base_url}/tokenize", json=body, timeout=600)
-            if r.status_code == 200:
-                return int(r.json()["count"])
-            if r.status_code not in (404, 405):
+            answer = _json_or_none(r) if r.status_code == 200 else None
+            if isinstance(answer, dict) and "count" in answer:
+                return int(answer["count"])
+            # llama-server's /tokenize answers 200 without "count": it tokenizes a "content" string only, never chat
+            # messages (tools/server/server-context.cpp at the pinned llama.cpp commit); count by completion.
+            if r.status_code not in (200, 404, 405):
                 raise UserError(f"{self.base_url}/tokenize answered HTTP {r.status_code}: {r.text[:300]}",
                                 "check the server log; the prompt may exceed the server's max_model_len")
             self.use_tokenize = False

@@ -28,6 +28,7 @@ import os
 import platform
 import secrets
 import shutil
+import statistics
 import sys
 import time
 from datetime import UTC, datetime
@@ -252,6 +253,20 @@ def stream_timing_flag(cell_results: list, delta: prom.CounterDelta | None) -> s
             "machine")
 
 
+def server_timings_summary(cell_results: list) -> dict | None:
+    """What the server itself reported per request (llama-server's ``timings``, `RequestResult.server_timings`):
+    the median prompt and decode rates in tok/s and the prompt tokens its cache served, over the successful
+    requests that carried timings; None when none did (vLLM sends no timings)."""
+    timed = [r for r in cell_results if r.ok and r.server_timings]
+    if not timed:
+        return None
+    pre = [r.server_prefill_tok_s for r in timed if r.server_prefill_tok_s is not None]
+    dec = [r.server_decode_tok_s for r in timed if r.server_decode_tok_s is not None]
+    return {"requests": len(timed), "prefill_tok_s_median": statistics.median(pre) if pre else None,
+            "decode_tok_s_median": statistics.median(dec) if dec else None,
+            "cache_tokens": sum(r.server_timings.get("cache_n") or 0 for r in timed)}
+
+
 def judge(cell_results: list, delta: prom.CounterDelta | None, before: prom.Counters | None,
           target: int) -> list[str]:
     """The reasons a cell is invalid (empty list = valid)."""
@@ -447,6 +462,7 @@ def _measure(ns, profile: Profile, recipe: Recipe, cells: list[CellSpec], client
                 "prompt_tokens_target": cell.prompt_tokens, "prompt_tokens_fitted": fitted_n,
                 **summary,
                 "server_counters": delta.as_dict() if delta is not None else None,
+                "server_timings": server_timings_summary(results),
                 "telemetry": tel.cell_summary(summary["aggregate_tok_s"]),
                 "harness_cpu_s": cpu,
                 "harness_cpu_ms_per_1k_tokens": cpu * 1000 / (tokens / 1000) if tokens else None,

@@ -11,6 +11,10 @@ Timing rules (per request, from the SSE stream; docs/bench-harness.md):
   from the server's ``usage`` (``stream_options.include_usage``), never from counting chunks: a server may pack
   several tokens in one chunk (speculative decoding, a fast CPU model).
 - end-to-end latency: send -> last token chunk (the trailing usage chunk carries no token; as in vLLM's bench).
+- the server's own timings, where it sends them: llama-server puts a ``timings`` object (``prompt_n``,
+  ``prompt_ms``, ``predicted_n``, ``predicted_ms``, ``cache_n``, rates per second; tools/server/server-common.cpp
+  ``server_slot_stats::to_json`` at the pinned commit) on its last streamed chunk; kept per request as
+  ``server_timings`` beside the client's figures. vLLM sends none (None).
 - a request whose completion is longer than its ``max_tokens`` fails: the server ignored the limit
   (docs/sources.md#gx10-benchmark-method: one request reasoned for 2 h 45 min without it).
 """
@@ -47,6 +51,19 @@ class RequestResult:
     token_chunks: int = 0
     finish_reason: str | None = None
     output_sha256: str | None = None
+    server_timings: dict | None = None  # llama-server's ``timings`` (ms, tokens, tok/s); None from vLLM
+
+    @property
+    def server_prefill_tok_s(self) -> float | None:
+        """The server's own prompt rate in tok/s, as it reported it (llama-server: ``timings.prompt_per_second``,
+        prompt tokens it processed, the cached ones not counted, over its prompt time); None without timings."""
+        return (self.server_timings or {}).get("prompt_per_second")
+
+    @property
+    def server_decode_tok_s(self) -> float | None:
+        """The server's own decode rate in tok/s, as it reported it (llama-server: ``timings.predicted_per_second``,
+        1000 / ``predicted_per_token_ms``); None without timings."""
+        return (self.server_timings or {}).get("predicted_per_second")
 
     @property
     def prefill_tok_s(self) -> float | None:
@@ -66,7 +83,8 @@ class RequestResult:
     def as_dict(self) -> dict:
         """JSON-ready record, with the derived rates."""
         d = asdict(self)
-        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s)
+        d.update(prefill_tok_s=self.prefill_tok_s, decode_tok_s=self.decode_tok_s,
+                 server_prefill_tok_s=self.server_prefill_tok_s, server_decode_tok_s=self.server_decode_tok_s)
         return d
 
 
@@ -114,6 +132,9 @@ class StreamParser:
                 self.digest.update((reasoning + content).encode())
             if choice.get("finish_reason"):
                 self.r.finish_reason = choice["finish_reason"]
+        timings = data.get("timings")
+        if isinstance(timings, dict):
+            self.r.server_timings = timings
         usage = data.get("usage")
         if usage:
             self.r.prompt_tokens = usage.get("prompt_tokens")

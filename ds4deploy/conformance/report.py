@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.table import Table
 
 from ds4deploy.bench.report import atomic_write_text
+from ds4deploy.conformance import engine_rules
 from ds4deploy.conformance.cases import FAIL, FINDING, MODEL, PASS, VERDICTS
 
 SCHEMA = "ds4deploy-conformance/1"
@@ -62,9 +63,10 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(meta: dict, results: list[dict], docs: dict[str, str]) -> str:
-    """The markdown report: what was tested against what, the counts, one row per case and mode, and what each
-    case checks (`docs`: case name -> description)."""
+def markdown(meta: dict, results: list[dict], docs: dict[str, str],
+             rules: engine_rules.FamilyRules | None = None) -> str:
+    """The markdown report: what was tested against what, the counts, one row per case and mode, what each
+    case checks (`docs`: case name -> description) and the engine family's rules that judged it (`rules`)."""
     lines = [
         f"# Client conformance: {meta['target']}",
         "",
@@ -96,15 +98,27 @@ def markdown(meta: dict, results: list[dict], docs: dict[str, str]) -> str:
     lines += [f"| {r['case']} | {r['mode']} | {r['verdict']} | {_md_cell(r['evidence'])} |" for r in results]
     lines += ["", "## What each case checks", ""]
     lines += [f"- `{name}`: {_md_cell(doc)}" for name, doc in docs.items()]
+    if rules is not None and (rules.forced or rules.rules):
+        used = {r.get("rule") for r in results}
+        lines += ["", f"## Judged by the {rules.family} family's rules ({rules.engine})", "",
+                  "A row a rule re-judged keeps the case's own verdict as `raw_verdict` in conformance.json.", ""]
+        if rules.forced:
+            lines.append(f"- `forced` ({'used' if 'forced' in used else 'unused'}): "
+                         + ", ".join(f"{c} [{m}]" for c, m in sorted(rules.forced))
+                         + f" must pass ({_md_cell(rules.forced_source)})")
+        lines += [f"- `{r.name}` ({'used' if r.name in used else 'unused'}, {r.verdict}): {_md_cell(r.cause)}; "
+                  f"source: {_md_cell(r.source)}" for r in rules.rules]
     return "\n".join(lines) + "\n"
 
 
-def write(out_dir: Path, meta: dict, results: list[dict], docs: dict[str, str]) -> tuple[Path, Path]:
-    """Write conformance.json and conformance.md into `out_dir` (created), atomically. Returns both paths."""
+def write(out_dir: Path, meta: dict, results: list[dict], docs: dict[str, str],
+          rules: engine_rules.FamilyRules | None = None) -> tuple[Path, Path]:
+    """Write conformance.json and conformance.md into `out_dir` (created), atomically; `rules`: the engine
+    family's rules that judged `results` (listed in the markdown). Returns both paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     j, m = out_dir / "conformance.json", out_dir / "conformance.md"
     atomic_write_text(j, json.dumps({"schema": SCHEMA, **meta, "counts": counts(results),
                                      "by_mode": by_mode(results), "results": results},
                                     indent=1) + "\n")
-    atomic_write_text(m, markdown(meta, results, docs))
+    atomic_write_text(m, markdown(meta, results, docs, rules))
     return j, m

@@ -28,10 +28,11 @@ import openai
 from ds4deploy.bench.docs_section import RESULTS_DIR
 from ds4deploy.bench.run import read_key
 from ds4deploy.bench.stream import error_text
-from ds4deploy.conformance import cases, report
+from ds4deploy.conformance import cases, engine_rules, report
 from ds4deploy.conformance.record import load_shapes
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.net import base_url
+from ds4deploy.engines import family_of_models
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.schema import Benchmark, Recipe
 
@@ -83,6 +84,18 @@ def server_version(url: str, key: str | None) -> str:
         return f"vllm {r.json()['version']}" if r.status_code == 200 else "unknown"
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return "unknown"
+
+
+def engine_family(url: str, key: str | None, recipe: Recipe | None) -> str:
+    """The engine family whose rules judge the matrix (`ds4deploy.conformance.engine_rules`): the recipe's
+    ``engine.family``, else what the server's ``/v1/models`` says (``owned_by``), else ``vllm``."""
+    if recipe is not None:
+        return recipe.engine.family
+    try:
+        r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30)
+        return family_of_models(r.json()) or "vllm"
+    except (httpx.HTTPError, ValueError, TypeError, AttributeError):
+        return "vllm"
 
 
 def bind_of(recipe: Recipe | None, url: str) -> tuple[bool | None, str]:
@@ -165,6 +178,8 @@ def run_conformance(ns: argparse.Namespace) -> int:
     chosen = select(ns.only)
     shapes = load_shapes(Path(ns.shapes) if ns.shapes else None)
     model, ctx_len = probe_server(url, key, ns.model or (recipe.model.served_name if recipe else None))
+    family = engine_family(url, key, recipe)
+    rules = engine_rules.rules_for(family)
     loopback, bind_source = bind_of(recipe, url)
     thinking = (recipe.benchmark if recipe else Benchmark()).thinking_kwargs
     ctx = cases.Context(url=url, key=key, model=model,
@@ -174,7 +189,8 @@ def run_conformance(ns: argparse.Namespace) -> int:
     console = Console(width=ns.width)
     meta = {
         "target": recipe.name if recipe else url, "recipe": recipe.name if recipe else None,
-        "recipe_sha256": _recipe_sha(recipe), "url": url, "server_version": server_version(url, key),
+        "recipe_sha256": _recipe_sha(recipe), "url": url, "server_version": _version(url, key, family, recipe),
+        "engine_family": family, "engine_rules": rules.engine,
         "model": model, "max_model_len": ctx.max_model_len,
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "host": f"{platform.node()} ({platform.machine()}, {os.cpu_count()} cores, Python "
@@ -184,18 +200,29 @@ def run_conformance(ns: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         with console.status("conformance") as status:
-            results = run_matrix(ctx, chosen, lambda r: status.update(f"{r['case']} {r['mode']}: {r['verdict']}"))
+            raw = run_matrix(ctx, chosen, lambda r: status.update(f"{r['case']} {r['mode']}: {r['verdict']}"))
     finally:
         ctx.close()
+    # Judged by the family's own rules: what its engine forces, what is the model's choice on it, its named
+    # differences from vLLM (engine_rules); every re-judged row keeps the case's own verdict as raw_verdict.
+    results = engine_rules.apply(family, raw)
     meta["duration_s"] = round(time.perf_counter() - t0, 1)
     console.print(report.table(meta, results))
     console.print(report.summary_line(meta, results))
     console.print(report.mode_line(results))
     out = Path(ns.out) if ns.out else RESULTS_DIR / "conformance" / (recipe.name if recipe else _slug(url))
     docs = {c.name: c.doc for c in chosen}
-    for path in report.write(out, meta, results, docs):
+    for path in report.write(out, meta, results, docs, rules):
         console.print(f"wrote {path}")
     return report.exit_code(results)
+
+
+def _version(url: str, key: str | None, family: str, recipe: Recipe | None) -> str:
+    """`server_version`, or for llama-server (no /version route) ``llama.cpp`` and the recipe's pinned commit."""
+    v = server_version(url, key)
+    if v == "unknown" and family == "llamacpp":
+        return "llama.cpp" + (f" {engine_rules.LLAMACPP_COMMIT[:12]} (the recipe's pin)" if recipe else "")
+    return v
 
 
 def _recipe_sha(recipe: Recipe | None) -> str | None:

@@ -51,3 +51,17 @@ def health_test(recipe: Recipe, url: str) -> list[str]:
     if recipe.engine.family == "llamacpp":
         return ["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5", url]
     return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen('{url}', timeout=5)"]
+
+
+# What each family's server says it is in ``GET /v1/models`` (``owned_by`` of every model): vLLM's
+# (vllm/entrypoints/openai/protocol.py ModelCard, owned_by "vllm") and llama-server's
+# (tools/server/server-context.cpp at the pinned llama.cpp commit, owned_by "llamacpp").
+OWNED_BY = {"vllm": "vllm", "llamacpp": "llamacpp"}
+
+
+def family_of_models(models: object) -> str | None:
+    """The engine family that answered a ``GET /v1/models`` body (`OWNED_BY`), or None when it does not say (another
+    server, a body that is not the OpenAI list shape)."""
+    data = models.get("data") if isinstance(models, dict) else None
+    owners = {m.get("owned_by") for m in data or () if isinstance(m, dict)}
+    return next((fam for fam, owner in OWNED_BY.items() if owner in owners), None)

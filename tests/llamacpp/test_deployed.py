@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from ds4deploy.conformance import cases
+from ds4deploy.conformance import cases, engine_rules
 from ds4deploy.core.net import base_url as url_for
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.recipe.paths import REPO_ROOT
@@ -191,50 +191,18 @@ def test_a_gguf_part_missing_on_the_node_stops_the_deploy_before_any_change(tmp_
     assert sorted(x.name for x in models.iterdir()) == [first]
 
 
-# ---- the conformance matrix (`ds4deploy conformance`), judged as tests/infra/test_serving.py judges vLLM's ----
+# ---- the conformance matrix (`ds4deploy conformance`), judged by the product for llama.cpp ----
 #
-# tests/infra/test_serving.py: no case may fail, and the cases a grammar forces must pass on every model. llama.cpp
-# forces less than vLLM with this model's chat template: its DeepSeek V3.2/V4 handler (common/chat.cpp selects it
-# for a template with `dsml_token`; common/parsers/deepseek.cpp at the pinned commit) builds the tool-call grammar
-# as `content_before_tools + tool_calls`, where the content before the DSML block is free text, and lets a
-# reasoning block run free with thinking on. A random-weight model then writes text until max_tokens and never opens
-# the block: under tool_choice required the call is the model's choice here, as under auto; a named tool_choice (an
-# object) is not read at all (the engine logs "Wrong type supplied for parameter 'tool_choice', using default
-# value"). Only a response_format with thinking off is forced from the first token (`reasoning + response_format +
-# end`).
-FORCED_HERE = {("chat.guided_json", "no-stream+no-think"), ("chat.guided_json", "stream+no-think")}
-# Cases whose outcome is the model's choice on llama.cpp (above), and what their evidence says when the tiny model
-# made none: no call, no tool_use block, a JSON answer left empty at max_tokens, or llama-server's 500 when its
-# DeepSeek parser cannot parse the text (an unclosed <think> block at max_tokens): "does not match the expected
-# peg-native format". `test_every_engine_error_is_an_unparsed_model_output` holds each such 500 to a
-# "common_chat_peg_parse: unparsed peg-native output" line in the engine's log and no engine restart. A 502 (no
-# answer from the engine) is no such case: it fails (it came from reused connections,
-# docs/sources.md#front-door-no-reuse).
-MODEL_CHOICE = ("tools.required_one", "tools.required_several", "tools.named", "tools.parallel",
-                "messages.tool_named", "messages.tool_any", "args.", "messages.args.", "replay.openai.args_",
-                "replay.anthropic", "chat.guided_json")
-ENGINE_ERROR = re.compile(r"expected peg-native format")
-NO_CALL = re.compile(r"gave no call|gave no tool_use|0 tool calls|0 tool_use blocks|calls \[\]|tool_use blocks \[\]"
-                     r"|is not schema-valid JSON|" + ENGINE_ERROR.pattern)
-# Where llama-server answers differently from vLLM by design, each named with its cause; the case's evidence must
-# match, so any other failure of these cases still fails.
-ENGINE_DIFFERENCES = {
-    # vLLM refuses max_tokens above the context with a 400; llama-server caps the generation at the slot's context
-    # instead (tools/server: n_predict is bounded by n_ctx_slot) and answers 200.
-    "chat.max_tokens_over_context": re.compile(r"above the \d+-token context: HTTP 200"),
-    # The recipe turns llama-server's reasoning extraction off (engine.llamacpp.reasoning: "off", -rea off: the
-    # random model never closes a think block), so with the template's thinking switch on, <think> stays in content.
-    "reasoning.field": re.compile(r"think tags in content"),
-    # The check reads the rendered prompt with vLLM's chat /tokenize (messages in, tokens out); llama-server's
-    # /tokenize takes a "content" string and tokenizes nothing else, so the prompt it returns lacks the results.
-    "replay.openai.prompt": re.compile(r"is not in the prompt"),
-}
+# The CLI judges the matrix by the engine family's own rules (ds4deploy.conformance.engine_rules.LLAMACPP: what
+# llama.cpp's grammar forces, which calls are the model's choice on it, its named differences from vLLM, each with
+# its source at the pinned commit): these tests hold the CLI's own exit code and report, they judge nothing
+# themselves. tests/unit/test_conformance_engine_rules.py holds the rules on this stack's captured rows.
 _RUN: dict[str, tuple[int, dict, str]] = {}
 
 
 @pytest.fixture(scope="module")
 def matrix(url, key, tmp_path_factory) -> tuple[int, dict, str]:
-    """The whole matrix against the front door, once: (exit code, JSON report, stderr)."""
+    """The whole matrix against the front door, once: (exit code, JSON report, stdout + stderr)."""
     if not _RUN:
         d = tmp_path_factory.mktemp("conformance")
         key_file = d / "key.env"
@@ -243,41 +211,28 @@ def matrix(url, key, tmp_path_factory) -> tuple[int, dict, str]:
         p = _cli("conformance", RECIPE, "--url", url, "--key-file", str(key_file), "--out", str(d / "report"),
                  timeout=1200)
         report = d / "report" / "conformance.json"
-        _RUN["r"] = (p.returncode, json.loads(report.read_text()) if report.is_file() else {}, p.stderr)
+        _RUN["r"] = (p.returncode, json.loads(report.read_text()) if report.is_file() else {}, p.stdout + p.stderr)
     return _RUN["r"]
 
 
-def judge(case: str, mode: str, verdict: str, evidence: str) -> str | None:
-    """Why this row fails the test, or None: a forced row must pass; a fail must be the model's choice with no call
-    made (`MODEL_CHOICE`, `NO_CALL`) or a named engine difference (`ENGINE_DIFFERENCES`)."""
-    if (case, mode) in FORCED_HERE:
-        return None if verdict == "pass" else f"forced by llama.cpp's grammar, must pass: {evidence}"
-    if verdict != "fail":
-        return None
-    if case.startswith(MODEL_CHOICE) and NO_CALL.search(evidence):
-        return None
-    if case in ENGINE_DIFFERENCES and ENGINE_DIFFERENCES[case].search(evidence):
-        return None
-    return evidence
-
-
-def test_judge_fails_what_it_must():
-    """The judgement itself: a forced row that did not pass, a contract failure inside a model-choice case and an
-    engine difference with other evidence all fail."""
-    assert judge("chat.guided_json", "no-stream+no-think", "model-dependent", "x")
-    assert judge("tools.named", "stream+think", "fail", "HTTP 500: Internal Server Error")
-    assert judge("chat.max_tokens_over_context", "no-stream", "fail", "HTTP 500")
-    assert judge("chat.basic", "stream+think", "fail", "usage chunk missing")
-    assert judge("tools.named", "stream+think", "fail", "tool_choice named gave no call (finish=length)") is None
-    assert judge("messages.args.nested", "no-stream", "fail", "HTTP 502: the engine behind the front door is not "
-                 "answering")
+def test_conformance_cli_passes_the_llamacpp_stack_by_llamacpp_rules(matrix):
+    """`ds4deploy conformance cpu-llamacpp` exits 0 with no failed row, judged by the llama.cpp family's rules; the
+    rows llama.cpp's grammar forces (a JSON response format with thinking off) passed."""
+    code, report, out = matrix
+    assert report, f"no report written (exit {code}): {out[-2000:]}"
+    assert report["recipe"] == RECIPE and report["engine_family"] == "llamacpp", report.get("engine_family")
+    failed = [(r["case"], r["mode"], r["evidence"][:200]) for r in report["results"] if r["verdict"] == "fail"]
+    assert code == 0 and report["counts"]["fail"] == 0 and not failed, (code, failed, out[-1500:])
+    forced = [r for r in report["results"] if (r["case"], r["mode"]) in engine_rules.LLAMACPP.forced]
+    assert len(forced) == 2 and {r["verdict"] for r in forced} == {"pass"}, forced
 
 
 def test_every_engine_error_is_an_unparsed_model_output(matrix, dv):
-    """The engine errors `judge` lets pass (`ENGINE_ERROR`) are each matched by llama-server's own log line for an
-    output its parser could not read, and the engine container never restarted: no crash hides among them."""
-    _code, report, _stderr = matrix
-    errors = [r for r in report.get("results", []) if r["verdict"] == "fail" and ENGINE_ERROR.search(r["evidence"])]
+    """The 500s the product's rule `unparsed-model-output` calls the model's choice are each matched by
+    llama-server's own log line for an output its parser could not read, and the engine container never
+    restarted: no crash hides among them."""
+    _code, report, _out = matrix
+    errors = [r for r in report.get("results", []) if r.get("rule") == "unparsed-model-output"]
     ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={dv['ds4_project']}",
                           "--filter", "label=com.docker.compose.service=engine"], capture_output=True, text=True,
                          check=True).stdout.split()
@@ -290,17 +245,48 @@ def test_every_engine_error_is_an_unparsed_model_output(matrix, dv):
     assert unparsed >= len(errors), (unparsed, [(r["case"], r["mode"], r["evidence"][:120]) for r in errors])
 
 
-def test_conformance_matrix_ran_every_case(matrix):
-    code, report, stderr = matrix
-    assert report, f"no report written (exit {code}): {stderr[-2000:]}"
-    assert report["recipe"] == RECIPE
-
-
 @pytest.mark.parametrize("case", [c.name for c in cases.CASES])
 def test_case(matrix, case):
-    """Every mode of the case ran; each row passes `judge`."""
-    _code, report, stderr = matrix
+    """Every mode of the case ran, and the CLI failed none of them; a row the llama.cpp rules re-judged names its
+    rule and keeps the case's own verdict and evidence."""
+    _code, report, out = matrix
     rows = [r for r in report.get("results", []) if r["case"] == case]
-    assert rows, f"case {case} did not run: {stderr[-1000:]}"
-    bad = [f"[{r['mode']}] {why}" for r in rows if (why := judge(case, r["mode"], r["verdict"], r["evidence"]))]
+    assert rows, f"case {case} did not run: {out[-1000:]}"
+    bad = [f"[{r['mode']}] {r['evidence']}" for r in rows if r["verdict"] == "fail"]
     assert not bad, f"{case}: " + "; ".join(bad)
+    for r in rows:
+        if "rule" in r:
+            assert r["raw_verdict"] and r["raw_evidence"] in r["evidence"], r
+
+
+# ---- a bench smoke run (`ds4deploy bench run`) against llama-server ----
+SMOKE_PROFILE = {
+    "name": "llamacpp-smoke", "description": "one short cell against the deployed llama-server",
+    "source": "tests/llamacpp/test_deployed.py: usage and timings read from llama-server's answers",
+    "layout": "cells", "max_tokens": 16, "temperature": 0.0, "ignore_eos": True, "requests_per_session": 1,
+    "warmup_requests": 0, "cells": [{"prompt_tokens": 256, "concurrency": 2, "content": "prose"}],
+}
+
+
+def test_bench_reads_usage_and_timings_from_llama_server(tmp_path):
+    """`ds4deploy bench run cpu-llamacpp` with one short cell (2 concurrent requests, a 256-token prompt, 16 tokens
+    out): every cell valid, each request's token counts from llama-server's usage (the prompt fitted to 256 tokens by
+    one-token completions, its /tokenize reading no chat messages) and its own ``timings`` kept beside the client's
+    figures (predicted_n = completion tokens, prompt_n + cache_n = prompt tokens, rates > 0)."""
+    prof = tmp_path / "llamacpp-smoke.yaml"
+    prof.write_text(yaml.safe_dump(SMOKE_PROFILE, sort_keys=False))
+    p = _cli("bench", "run", RECIPE, "--profile", str(prof), "--out", str(tmp_path / "out"), "--no-plots",
+             "--quiet", timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    cells = sorted((tmp_path / "out" / "llamacpp-smoke" / "cells").glob("*.json"))
+    assert len(cells) == 1, cells
+    cell = json.loads(cells[0].read_text())
+    assert cell["valid"] and cell["completed"] == 2 and cell["failed"] == 0, cell["flags"]
+    for r in cell["requests"]:
+        t = r["server_timings"]
+        assert t, r
+        assert r["completion_tokens"] == 16 == t["predicted_n"], r
+        assert t["prompt_n"] + t["cache_n"] == r["prompt_tokens"], r
+        assert r["server_decode_tok_s"] == t["predicted_per_second"] > 0 and r["server_prefill_tok_s"] > 0, r
+    summary = cell["server_timings"]
+    assert summary["requests"] == 2 and summary["decode_tok_s_median"] > 0, summary

@@ -158,3 +158,21 @@ def test_tokens_are_timed_when_they_arrive_not_when_the_stream_ends():
     assert got.token_chunks == 12 and got.completion_tokens == 12
     assert got.last_token_s - got.ttft_s >= 11 * gap * 0.9
     assert got.ttft_s >= gap * 0.9  # the role-only frame came first, one gap earlier
+
+
+def test_llama_server_stream_usage_and_its_own_timings():
+    """A real llama-server stream (llama.cpp 0c1e570, the cpu-llamacpp image, 8 tokens): usage from its trailing
+    chunk, and its own ``timings`` (prompt and decode rates as it reported them) kept beside the client's."""
+    r = replay("llamacpp-0c1e570-cpu-chat-stream.sse", 8)
+    assert r.ok, r.error
+    assert r.prompt_tokens == 15 and r.completion_tokens == 8
+    assert r.server_timings["prompt_n"] == 15 and r.server_timings["predicted_n"] == 8
+    assert r.server_prefill_tok_s == pytest.approx(285.90488897360143)
+    assert r.server_decode_tok_s == pytest.approx(190.91776898949954)
+    d = r.as_dict()
+    assert d["server_decode_tok_s"] == r.server_decode_tok_s and d["server_timings"]["prompt_ms"] == 52.465
+
+
+def test_vllm_stream_has_no_server_timings():
+    r = replay("vllm-0.32-cpu-chat-stream.sse", 12)
+    assert r.server_timings is None and r.server_decode_tok_s is None and r.server_prefill_tok_s is None

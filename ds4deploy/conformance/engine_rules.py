@@ -1,0 +1,170 @@
+"""Judging the conformance matrix by the engine family's own rules: what a family's engine forces, what is the
+model's choice on it, and where it answers differently from vLLM by design.
+
+The cases (`ds4deploy.conformance.cases`) are written to vLLM's contract: a ``tool_choice`` required or named is
+forced by a grammar from the first token, a ``max_tokens`` above the context is refused, and so on. Another engine
+family keeps the same client contract but forces less, or answers some requests differently by design. Its rules
+live here, one `FamilyRules` per family, each rule with its source at the engine's pinned commit, and
+`apply` re-judges the matrix's rows with them:
+
+- a row the family forces (`FamilyRules.forced`) must pass: any other verdict is a ``fail`` that says so;
+- a ``fail`` row whose case is the model's choice on this engine, or a named engine difference, gets the rule's
+  verdict (``model-dependent`` or ``finding``) only when EVERY problem in its evidence (the case joins several with
+  "; ") is what the rule names: a contract failure inside such a case (a usage chunk missing, an HTTP 502, a crash)
+  still fails;
+- every other row is left as the cases judged it.
+
+A re-judged row keeps what the case saw: ``raw_verdict`` and ``raw_evidence`` (the case's own), ``rule`` (the rule's
+name), and its evidence prefixed by the rule's cause. The vLLM family has no rules: the cases are its contract.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ds4deploy.conformance.common import FAIL, FINDING, MODEL, PASS
+
+# The llama.cpp tree every llama.cpp image is built from (docs/sources.md#llamacpp-source); the files named below
+# are read at this commit.
+LLAMACPP_COMMIT = "0c1e57098bba43ac29e6e3b677cdceebdd22334f"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One way a family's engine answers a case differently from the cases' (vLLM's) contract.
+
+    `cases`: case-name prefixes it applies to; `modes`: mode labels it applies to (empty: all); `problem`: a regex
+    every problem of the row's evidence must match (fully, at its start); `verdict`: ``model-dependent`` or
+    ``finding``; `cause`: what the report says, in the engine's terms; `source`: where the behaviour is in the
+    engine's code at its pinned commit."""
+
+    name: str
+    cases: tuple[str, ...]
+    problem: re.Pattern
+    verdict: str
+    cause: str
+    source: str
+    modes: tuple[str, ...] = ()
+
+    def covers(self, case: str, mode: str) -> bool:
+        """True when this rule is about `case` in `mode`."""
+        return case.startswith(self.cases) and (not self.modes or mode in self.modes)
+
+
+@dataclass(frozen=True)
+class FamilyRules:
+    """A family's rules: `engine` (name and pinned commit, for the report), `forced` (``(case, mode)`` rows its
+    grammar forces from the first token, with `forced_source`), `rules` (in order; the first that matches a row
+    judges it)."""
+
+    family: str
+    engine: str
+    forced: frozenset[tuple[str, str]] = frozenset()
+    forced_source: str = ""
+    rules: tuple[Rule, ...] = field(default=())
+
+
+def problems(evidence: str) -> list[str]:
+    """The problems a case joined into its evidence (``"; "``-separated), stripped; one when there is no join."""
+    return [p.strip() for p in evidence.split("; ") if p.strip()]
+
+
+# --- llama.cpp ---------------------------------------------------------------------------------------------------
+#
+# llama.cpp's DeepSeek V3.2/V4 handler (common/chat.cpp selects it for a template with `dsml_token`, the V4 Flash
+# template's) builds the tool-call grammar in common/parsers/deepseek.cpp as
+# `generation_prompt + reasoning + content_before_tools + tool_calls + end`: the content before the DSML block is
+# free text, and with thinking on the reasoning block runs free too. Under tool_choice required the call is therefore
+# the model's choice, as under auto; a random-weight model writes text until max_tokens and never opens the block.
+# A named tool_choice (an object) is not read at all: llama-server logs "Wrong type supplied for parameter
+# 'tool_choice', using default value" (tools/server/server-common.cpp, the OpenAI-compatible request parser). Only a
+# response_format with thinking off is forced from the first token (`reasoning + response_format + end`, thinking
+# off: no reasoning block).
+# The cases whose call (or JSON answer under thinking) is the model's choice on llama.cpp, by the grammar above.
+_CALL_CASES = ("tools.required_one", "tools.required_several", "tools.named", "tools.parallel", "messages.tool_named",
+               "messages.tool_any", "args.", "messages.args.", "replay.openai.args_", "replay.anthropic",
+               "chat.guided_json")
+_NO_CALL = (r"(tool_choice \S+ )?gave no (call|tool_use)\b.*|.*\b0 (tool calls|tool_use blocks)\b.*"
+            r"|.*\bcalls \[\].*|.*\btool_use blocks \[\].*|.*is not schema-valid JSON.*")
+# llama-server answers 500 when its chat parser cannot read what the model wrote (common/chat.cpp,
+# common_chat_parse: logs "unparsed <format> output" and throws "The model produced output that does not match
+# the expected <format> format"): a random model's unclosed <think> block at max_tokens.
+_UNPARSED = r"(HTTP 500: )?.*does not match the expected peg-native format.*"
+
+LLAMACPP = FamilyRules(
+    family="llamacpp",
+    engine=f"llama.cpp {LLAMACPP_COMMIT[:12]}",
+    forced=frozenset({("chat.guided_json", "no-stream+no-think"), ("chat.guided_json", "stream+no-think")}),
+    forced_source="common/parsers/deepseek.cpp: a response_format with thinking off is the whole output's grammar",
+    rules=(
+        Rule(name="tool-call-free-text-first",
+             cases=_CALL_CASES,
+             problem=re.compile(_NO_CALL),
+             verdict=MODEL,
+             cause="llama.cpp's DeepSeek V4 grammar lets free text (and a free reasoning block) come before the "
+                   "DSML tool-call block, and reads no named tool_choice, so a call (or JSON under thinking) is "
+                   "the model's choice here; this model made none",
+             source="common/parsers/deepseek.cpp (content_before_tools + tool_calls), common/chat.cpp"),
+        Rule(name="unparsed-model-output",
+             cases=_CALL_CASES,
+             problem=re.compile(_UNPARSED),
+             verdict=MODEL,
+             cause="llama-server answers 500 when its DeepSeek parser cannot read the model's output (an "
+                   "unclosed <think> block at max_tokens); the model's choice, not a crash",
+             source="common/chat.cpp common_chat_parse (\"does not match the expected ... format\")"),
+        Rule(name="max-tokens-capped",
+             cases=("chat.max_tokens_over_context",),
+             problem=re.compile(r".*above the \d+-token context: HTTP 200.*"),
+             verdict=FINDING,
+             cause="llama-server caps max_tokens above the context at the slot's context and answers 200 (vLLM "
+                   "refuses with 400)",
+             source="tools/server/server-context.cpp n_ctx_slot() (\"the capping itself is done in n_ctx_slot()\")"),
+        Rule(name="think-tags-kept",
+             cases=("reasoning.field",),
+             problem=re.compile(r"think tags in content.*"),
+             verdict=FINDING,
+             cause="the recipe turns llama-server's reasoning extraction off (engine.llamacpp.reasoning: off, "
+                   "-rea off), so with the template's thinking on <think> stays in content",
+             source="common/arg.cpp --reasoning (-rea); engine.llamacpp.reasoning in the recipe"),
+        Rule(name="tokenize-content-only",
+             cases=("replay.openai.prompt",),
+             problem=re.compile(r".*is not in the prompt.*"),
+             verdict=FINDING,
+             cause="the check reads the rendered prompt with vLLM's chat /tokenize (messages in); llama-server's "
+                   "/tokenize takes a \"content\" string only, so the prompt it returns lacks the results",
+             source="tools/server/server-context.cpp /tokenize handler (reads \"content\")"),
+    ),
+)
+
+FAMILIES: dict[str, FamilyRules] = {"vllm": FamilyRules(family="vllm", engine="vLLM"), "llamacpp": LLAMACPP}
+
+
+def rules_for(family: str) -> FamilyRules:
+    """The rules of engine family `family` (``vllm``: none; an unknown family: none, the cases judge alone)."""
+    return FAMILIES.get(family) or FamilyRules(family=family, engine=family)
+
+
+def judge_row(fr: FamilyRules, row: dict) -> dict:
+    """`row` (a matrix result: case, mode, verdict, evidence, ...) judged by `fr`; a new dict, the input untouched.
+    See the module docstring for the order of the rules."""
+    case, mode, verdict, evidence = row["case"], row["mode"], row["verdict"], row["evidence"]
+    if (case, mode) in fr.forced:
+        if verdict == PASS:
+            return dict(row)
+        return {**row, "verdict": FAIL, "raw_verdict": verdict, "raw_evidence": evidence, "rule": "forced",
+                "evidence": f"forced by {fr.engine}'s grammar ({fr.forced_source}), must pass: {evidence}"}
+    if verdict != FAIL:
+        return dict(row)
+    parts = problems(evidence)
+    for rule in fr.rules:
+        if rule.covers(case, mode) and parts and all(rule.problem.fullmatch(p) for p in parts):
+            return {**row, "verdict": rule.verdict, "raw_verdict": verdict, "raw_evidence": evidence, "rule": rule.name,
+                    "evidence": f"{rule.cause} [{fr.engine} {rule.source}]: {evidence}"}
+    return dict(row)
+
+
+def apply(family: str, results: list[dict]) -> list[dict]:
+    """Every row of `results` judged by `family`'s rules (`judge_row`), in order."""
+    fr = rules_for(family)
+    return [judge_row(fr, r) for r in results]
