@@ -194,7 +194,9 @@ def analyse(pairs: list[dict]) -> dict:
 
     Returns:
         ``{"pairs", "failed", "identical", "different", "tok_s_ratio", "ttft_ratio", "shared_prefix",
-        "differences"}``; ``shared_prefix``: per pair the bytes before the first difference / the longer output's
+        "differences", "a", "b"}``; ``a``/``b``: each side on its own over the pairs where both succeeded, the
+        median output tok/s, TTFT (s) and prompt tokens as that server counted them (its own tokenizer);
+        ``shared_prefix``: per pair the bytes before the first difference / the longer output's
         bytes (1.0 when identical), its median, min and max;
         ``tok_s_ratio``/``ttft_ratio`` from `ratio_stats` over pairs where both requests succeeded;
         ``differences`` lists each differing pair with the first differing byte and the text around it.
@@ -218,9 +220,19 @@ def analyse(pairs: list[dict]) -> dict:
                           "a": at_b[lo:off + 40].decode(errors="replace"),
                           "b": bt_b[lo:off + 40].decode(errors="replace")})
     share = ratio_stats(shared)
+
+    def side(k: str) -> dict:
+        tps = [p[k]["output_tok_s"] for p in ok if p[k]["output_tok_s"]]
+        ttfts = [p[k]["ttft_s"] for p in ok if p[k]["ttft_s"]]
+        prompts = [p[k]["prompt_tokens"] for p in ok if p[k].get("prompt_tokens")]
+        return {"output_tok_s_median": float(np.median(tps)) if tps else None,
+                "ttft_s_median": float(np.median(ttfts)) if ttfts else None,
+                "prompt_tokens_median": float(np.median(prompts)) if prompts else None}
+
     return {"pairs": len(pairs), "failed": len(pairs) - len(ok), "identical": len(ok) - len(diffs),
             "different": len(diffs), "tok_s_ratio": ratio_stats(tok), "ttft_ratio": ratio_stats(ttft),
-            "shared_prefix": {k: share[k] for k in ("n", "median", "min", "max")}, "differences": diffs}
+            "shared_prefix": {k: share[k] for k in ("n", "median", "min", "max")}, "differences": diffs,
+            "a": side("a"), "b": side("b")}
 
 
 def _fmt_ratio(s: dict) -> str:
@@ -228,6 +240,18 @@ def _fmt_ratio(s: dict) -> str:
         return "-"
     ci = f"; 95 % CI {s['ci95'][0]:.3f}-{s['ci95'][1]:.3f}" if s["ci95"] else ""
     return f"{s['median']:.3f} (pairs {s['min']:.3f}..{s['max']:.3f}{ci})"
+
+
+def _num(v: float | None, fmt: str, unit: str = "") -> str:
+    return "-" if v is None else f"{v:{fmt}}{unit}"
+
+
+def exit_status(stats: dict, cross: bool) -> int:
+    """`run_ab`'s exit code for `analyse`'s stats: 1 when a request failed, or (same family) a pair differs; else
+    0. Across families the outputs' agreement is reported, never judged."""
+    if stats["failed"]:
+        return 1
+    return 0 if cross or stats["different"] == 0 else 1
 
 
 def _side(s: dict) -> str:
@@ -273,6 +297,15 @@ def markdown(res: dict) -> str:
         "(TTFT).",
         "",
     ]
+    if res.get("cross_family") and "a" in st:
+        lines += ["| each side, median over the pairs | output tok/s | TTFT | prompt tokens (its own count) |",
+                  "|---|---|---|---|"]
+        for k in ("a", "b"):
+            x = st[k]
+            lines.append(f"| {k.upper()} ({res[k].get('family') or '?'}) | {_num(x['output_tok_s_median'], '.1f')} | "
+                         f"{_num(x['ttft_s_median'] and x['ttft_s_median'] * 1000, '.0f', ' ms')} | "
+                         f"{_num(x['prompt_tokens_median'], '.0f')} |")
+        lines.append("")
     if st["differences"]:
         lines += ["| pair | first differing byte | A tokens | B tokens | A text there | B text there |",
                   "|---|---|---|---|---|---|"]
@@ -373,6 +406,4 @@ def run_ab(ns: argparse.Namespace) -> int:
     atomic_write_text(out / f"{ns.name}.md", md)
     print(md if not ns.quiet else "", end="")
     print(f"wrote {out / (ns.name + '.md')}", file=sys.stderr)
-    if cross:
-        return 0 if stats["failed"] == 0 else 1
-    return 0 if stats["different"] == 0 and stats["failed"] == 0 else 1
+    return exit_status(stats, cross)

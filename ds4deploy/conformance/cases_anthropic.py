@@ -42,6 +42,13 @@ def event_order_problems(events: list[dict]) -> list[str]:
     evs = [e for e in events if e.get("type") != "ping"]
     if any("_event_name_mismatch" in e for e in events):
         bad.append("an SSE event name differs from its data's type")
+    # An error event, with what it says: Anthropic's {"type": "error", "error": {"message"}}, or llama-server's
+    # `event: error` carrying {"code", "message", "type": "server_error"} (tools/server/server-context.cpp at the
+    # pinned llama.cpp commit).
+    for e in evs:
+        if e.get("type") in ("error", "server_error"):
+            err = e["error"] if isinstance(e.get("error"), dict) else e
+            bad.append(f"error event: {str(err.get('message') or err)[:200]}")
     types = [e.get("type") for e in evs]
     if not types or types[0] != "message_start":
         bad.append(f"first event {types[:1]}, not message_start")

@@ -53,9 +53,9 @@ def health_test(recipe: Recipe, url: str) -> list[str]:
     return ["CMD", "python3", "-c", f"import urllib.request; urllib.request.urlopen('{url}', timeout=5)"]
 
 
-# What each family's server says it is in ``GET /v1/models`` (``owned_by`` of every model): vLLM's
-# (vllm/entrypoints/openai/protocol.py ModelCard, owned_by "vllm") and llama-server's
-# (tools/server/server-context.cpp at the pinned llama.cpp commit, owned_by "llamacpp").
+# What each family's server says it is in ``GET /v1/models`` (``owned_by`` of every model): llama-server's
+# (tools/server/server-context.cpp at the pinned llama.cpp commit) and vLLM's, as both answered here
+# (tests/unit/fixtures/engines: the cpu-llamacpp stack and vLLM CPU 0.32.0).
 OWNED_BY = {"vllm": "vllm", "llamacpp": "llamacpp"}
 
 

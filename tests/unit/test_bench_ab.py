@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.bench.ab import analyse, first_difference, markdown, ratio_stats
+from ds4deploy.bench.ab import analyse, exit_status, first_difference, markdown, ratio_stats
 from ds4deploy.bench.lock import ServerLock
 
 FIX = Path(__file__).parent / "fixtures" / "bench"
@@ -132,3 +132,24 @@ def test_cross_family_reports_agreement_not_a_verdict():
     md = markdown({**cap, "name": "t", "ignore_eos": False, "stats": st, "cross_family": True})
     assert "agreement across engine families" in md and "1 of 10 pairs identical" in md
     assert "NOT identical" not in md
+
+
+def test_a_real_cross_family_run_reports_agreement_apart_from_speed():
+    """A real A/B of llama-server (A, cpu-llamacpp) against vLLM CPU (B), families read from the recipe and from
+    B's /v1/models: agreement is counted (no pair identical, shared prefix 0) and never fails the run; the speed
+    table gives the ratios and each side on its own, prompt tokens as each server counted them."""
+    cap = load("ab-cross-family-llamacpp-vllm-cpu.json")
+    assert cap["cross_family"] and (cap["a"]["family"], cap["b"]["family"]) == ("llamacpp", "vllm")
+    st = analyse(cap["pairs"])
+    assert (st["pairs"], st["failed"], st["identical"], st["different"]) == (6, 0, 0, 6)
+    assert st["shared_prefix"]["max"] == 0.0
+    a_tps = sorted(p["a"]["output_tok_s"] for p in cap["pairs"])
+    assert st["a"]["output_tok_s_median"] == pytest.approx((a_tps[2] + a_tps[3]) / 2)
+    assert st["b"]["prompt_tokens_median"] and st["a"]["prompt_tokens_median"]
+    assert exit_status(st, cross=True) == 0 and exit_status(st, cross=False) == 1
+    failed = [{**cap["pairs"][0], "b": {**cap["pairs"][0]["b"], "ok": False}}, *cap["pairs"][1:]]
+    assert exit_status(analyse(failed), cross=True) == 1
+    md = markdown({**cap, "stats": st})
+    assert "0 of 6 pairs identical, 0 failed" in md and "NOT identical" not in md
+    assert "engine family llamacpp" in md and "engine family vllm" in md
+    assert "| A (llamacpp) |" in md and "| B (vllm) |" in md
