@@ -3,8 +3,9 @@ every case in every mode that applies, print the table, write the reports.
 
 Order: resolve the server (the recipe's address, port, key file and model, or the flags), check it can be tested
 at all (reachable, key accepted, OpenAI-compatible, the model served: else one message, exit 2), run the matrix,
-print the table, write docs/results/conformance/<recipe>/conformance.{json,md}. Exit 0 when nothing failed, 1 when
-a case failed.
+judge it by the engine family's rules (`ds4deploy.conformance.engine_rules`: the recipe's family, else the one the
+server's /v1/models names), print the table, write docs/results/conformance/<recipe>/conformance.{json,md}. Exit 0
+when nothing failed, 1 when a case failed.
 """
 
 from __future__ import annotations
