@@ -189,10 +189,12 @@ llamacpp: venv ## the llama.cpp family: llamacpp-cpu image from the locked sourc
 # staged and verified like every generated model, the llamacpp-cpu image found under its derived tag and context
 # label), the host checks of tests/infra and tests/llamacpp/test_deployed.py (health, /v1/models, a chat completion
 # and an Anthropic message through the front door with the key, `make status`, the supervisor's llama-server
-# readings, an incident folder, the conformance matrix judged for llama.cpp), then `make down`. Runs beside the cpu
+# readings, an incident folder, `ds4deploy conformance` judging the matrix by llama.cpp's rules and exiting 0, a
+# one-cell `ds4deploy bench run` reading llama-server's usage and timings), then `make down`. Runs beside the cpu
 # stack (ports 8020/8021). Not part of `make test` (the lead decides from its wall time): on the 2-core machine
 # 311 to 392 s in three passing runs (2026-12-01; deploy 66-89 s, tests 236-293 s of which the matrix 150-260 s,
-# down 9-19 s), with the llamacpp-cpu image already built (its first build: 460 s, `make llamacpp`).
+# down 9-19 s), 302 s on 2026-12-02 with the bench smoke (deploy 75 s, tests 218 s of which the matrix 177 s and
+# the bench 7 s, down 9 s), with the llamacpp-cpu image already built (its first build: 460 s, `make llamacpp`).
 LLAMACPP_INVENTORY := ansible/inventories/local.yml
 e2e-llamacpp: venv ## cpu-llamacpp: deploy, host and serving checks, conformance matrix, teardown (not in make test)
 	@$(call TIER,e2e-llamacpp) $(MAKE) --no-print-directory e2e-llamacpp-steps

@@ -103,7 +103,8 @@ def markdown(meta: dict, results: list[dict], docs: dict[str, str],
         lines += ["", f"## Judged by the {rules.family} family's rules ({rules.engine})", "",
                   "A row a rule re-judged keeps the case's own verdict as `raw_verdict` in conformance.json.", ""]
         if rules.forced:
-            lines.append(f"- `forced` ({'used' if 'forced' in used else 'unused'}): "
+            held = [r for r in results if (r["case"], r["mode"]) in rules.forced]
+            lines.append(f"- `forced` ({sum(r['verdict'] == PASS for r in held)} of {len(held)} rows passed): "
                          + ", ".join(f"{c} [{m}]" for c, m in sorted(rules.forced))
                          + f" must pass ({_md_cell(rules.forced_source)})")
         lines += [f"- `{r.name}` ({'used' if r.name in used else 'unused'}, {r.verdict}): {_md_cell(r.cause)}; "
