@@ -194,7 +194,8 @@ llamacpp: venv ## the llama.cpp family: llamacpp-cpu image from the locked sourc
 # stack (ports 8020/8021). Not part of `make test` (the lead decides from its wall time): on the 2-core machine
 # 311 to 392 s in three passing runs (2026-12-01; deploy 66-89 s, tests 236-293 s of which the matrix 150-260 s,
 # down 9-19 s), 302 s on 2026-12-02 with the bench smoke (deploy 75 s, tests 218 s of which the matrix 177 s and
-# the bench 7 s, down 9 s), with the llamacpp-cpu image already built (its first build: 460 s, `make llamacpp`).
+# the bench 7 s, down 9 s) and 375 s after rebasing on main (deploy 85 s, tests 278 s, matrix 219 s, bench 10 s,
+# down 12 s), with the llamacpp-cpu image already built (its first build: 460 s, `make llamacpp`).
 LLAMACPP_INVENTORY := ansible/inventories/local.yml
 e2e-llamacpp: venv ## cpu-llamacpp: deploy, host and serving checks, conformance matrix, teardown (not in make test)
 	@$(call TIER,e2e-llamacpp) $(MAKE) --no-print-directory e2e-llamacpp-steps
