@@ -366,10 +366,14 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
 
 
 class _NoAliases(yaml.SafeDumper):
-    """A YAML dumper that writes a value used twice as itself, not as an anchor and an alias."""
+    """A YAML dumper that writes a value used twice as itself, not as an anchor and an alias, and indents list items
+    under their key (yamllint's default indentation rule)."""
 
     def ignore_aliases(self, data: object) -> bool:
         return True
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
 
 
 def stale(gw: GatewayRecipe, files: dict[str, str], root: Path | None = None) -> list[str]:
