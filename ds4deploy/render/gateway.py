@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
+from ds4deploy.build.gateway_image import image_ref
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
@@ -38,11 +39,6 @@ from ds4deploy.recipe.schema import GatewayRecipe
 from ds4deploy.render import front_door
 from ds4deploy.render.compose import COMPOSE_DIR
 
-IMAGE_DIR = paths.REPO_ROOT / "images" / "gateway"
-# The files the gateway image is built from; its tag carries their hash, so an edit of any gives a new image.
-IMAGE_FILES = ("Dockerfile", "requirements.txt", "router-launch.py")
-# The SMG release the image pins (images/gateway/requirements.txt holds its sha256).
-SMG_VERSION = "1.13.0"
 # Where the people maps are mounted in the front door container (written on the host by `write_people_maps`).
 CONTAINER_PEOPLE_DIR = "/etc/ds4deploy/people"
 # A person's key: the alphabet the front door admits for every key (images/proxy/entrypoint.sh), long enough that
@@ -252,15 +248,6 @@ def write_people_maps(gw: GatewayRecipe, keys: dict[str, str], dest: Path | None
             f.write(text)
         os.replace(tmp, dest / name)
     return dest
-
-
-def image_ref() -> str:
-    """``repository:tag`` of the gateway image: the SMG version and the sha256 (12 hex) of the files it is built
-    from (`IMAGE_FILES`)."""
-    h = hashlib.sha256()
-    for name in IMAGE_FILES:
-        h.update((IMAGE_DIR / name).read_bytes())
-    return f"ds4deploy/gateway-smg:smg-{SMG_VERSION}-{h.hexdigest()[:12]}"
 
 
 def project_name(gw: GatewayRecipe) -> str:
