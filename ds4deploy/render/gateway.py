@@ -309,6 +309,7 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
                 "env_file": secrets_env,
                 "network_mode": "host",
                 "read_only": True,
+                "tmpfs": ["/tmp"],  # noqa: S108 (a tmpfs inside the read-only container, for SMG and Python)
                 "healthcheck": {"test": ["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5",
                                          f"http://127.0.0.1:{gw.router_port}/liveness"],
                                 "interval": "10s", "timeout": "6s", "retries": 3, "start_period": "30s"},
