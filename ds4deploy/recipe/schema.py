@@ -1229,7 +1229,7 @@ class GatewayBackend(Strict):
     of a server ds4deploy did not deploy (then its model names, and its manifest's sha256 when known, are given)."""
 
     name: Annotated[str, Field(pattern=NAME_RE)] = Field(
-        description="the backend's name in the gateway (its access log, `ds4deploy gateway drain <name>`)")
+        description="the backend's name in the gateway recipe (unique; what error messages call it)")
     recipe: Annotated[str, Field(pattern=NAME_RE)] | None = Field(
         default=None, description="a recipe under recipes/ that runs on `host`: its served_name and aliases are the "
                                   "model names this backend serves, its committed manifest the model's identity")
@@ -1320,8 +1320,9 @@ class GatewayRecipe(Strict):
         description="the people key file on the gateway host (mode 0600, one `<person> <key>` line per person, "
                     "keys of A-Z a-z 0-9 _ -, at least 32 characters); never in the repository or the render")
     key_file: NodePath = Field(
-        description="the gateway's own key file on the gateway host (mode 0600): DS4_GATEWAY_KEY=<key>, the one key "
-                    "the router presents to every backend (each backend's front door must accept it)")
+        description="the gateway's own key file on the gateway host (mode 0600): VLLM_API_KEY=<key> (the stacks' key "
+                    "file format), the one key the router presents to every backend (each backend's front door must "
+                    "accept it)")
     routing: GatewayRouting = Field(default_factory=GatewayRouting, description="how a backend is picked")
     _source: Path | None = PrivateAttr(default=None)
 
