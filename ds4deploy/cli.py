@@ -699,6 +699,17 @@ def cmd_gateway_keys(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway_model_id(ns: argparse.Namespace) -> int:
+    """Print the model identity of a recipe's committed manifest (sha256 of its file list), for a gateway's url
+    backend (``manifest_sha256``)."""
+    from ds4deploy.model.manifest import load_manifest
+    from ds4deploy.recipe.load import load_recipe
+    from ds4deploy.render.gateway import manifest_identity
+
+    print(manifest_identity(load_manifest(load_recipe(ns.recipe))["files"]))
+    return 0
+
+
 def cmd_gateway_usage(ns: argparse.Namespace) -> int:
     """Per-person requests, bytes and seconds from a gateway front door's access log (--log FILE, '-' for stdin;
     default: `docker logs` of the gateway's front door container)."""
@@ -1042,6 +1053,9 @@ def build_parser() -> argparse.ArgumentParser:
     gk.add_argument("--reload", action="store_true", help="reload the running front door gracefully")
     gk.add_argument("--container", help="the front door container (default: ds4-gw-<name>-front-door)")
     gk.set_defaults(func=cmd_gateway_keys)
+    gm = gp.add_parser("model-id", help="the model identity of a recipe's manifest (a url backend's manifest_sha256)")
+    gm.add_argument("recipe")
+    gm.set_defaults(func=cmd_gateway_model_id)
     gu = gp.add_parser("usage", help="per-person requests, bytes and seconds from the front door's access log")
     gu.add_argument("gateway")
     gu.add_argument("--log", help="an access log file ('-': stdin); default: docker logs of the front door")

@@ -1246,8 +1246,8 @@ class GatewayBackend(Strict):
                                           "they come from the recipe)")
     manifest_sha256: str | None = Field(
         default=None, pattern=r"^[0-9a-f]{64}$",
-        description="a `url` backend's model identity: the sha256 `ds4deploy gateway` prints for a manifest "
-                    "(two backends serving one name must have the same)")
+        description="a `url` backend's model identity: what `ds4deploy gateway model-id <recipe>` prints for "
+                    "the recipe whose model it serves (two backends serving one name must have the same)")
 
     @model_validator(mode="after")
     def _one_kind(self) -> GatewayBackend:

@@ -165,7 +165,8 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
         where = gw._source or gw.name
         raise UserError(f"{where}: " + "; ".join(problems),
                         "name recipes that exist and give each model name one model: rename a model "
-                        "(model.served_name / aliases in its recipe) or remove one of the backends")
+                        "(model.served_name / aliases in its recipe) or remove one of the backends; a url backend "
+                        "states its model's manifest_sha256 (`ds4deploy gateway model-id <recipe>`)")
     return out
 
 

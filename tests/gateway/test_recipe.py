@@ -89,6 +89,15 @@ def test_one_name_two_models_is_refused(tmp_path: Path) -> None:
             "model name 'ds4-tiny' is served by backends with different models: vllm (", "gguf (")
 
 
+def test_a_url_backend_with_the_same_model_id_is_accepted(tmp_path: Path) -> None:
+    ident = cli("gateway", "model-id", "cpu-llamacpp").stdout.strip()
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
+                                      {"name": "b", "url": "http://10.0.0.9:8000", "models": ["ds4-tiny"],
+                                       "manifest_sha256": ident}])
+    gw = gateway.load_gateway(path)
+    assert [b.identity for b in gateway.resolve_backends(gw)] == [ident, ident]
+
+
 def test_a_url_backend_with_another_manifest_is_refused(tmp_path: Path) -> None:
     path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
                                       {"name": "b", "url": "http://10.0.0.9:8000", "models": ["ds4-tiny"],
