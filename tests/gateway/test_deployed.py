@@ -220,6 +220,7 @@ def test_revoked_key_is_refused_at_once(office) -> None:
 def test_log_and_usage_add_up(office) -> None:
     """Each person's requests, bytes out and backends in the front door's log (`ds4deploy gateway usage`) equal
     what the clients sent and were answered, counted here on a fresh set of requests."""
+    time.sleep(1.5)  # the access log is buffered for at most 1 s (flush=1s in the render): earlier tests' lines
     before = _usage(office)
     sent: Counter = Counter()
     body_bytes: Counter = Counter()
@@ -229,7 +230,7 @@ def test_log_and_usage_add_up(office) -> None:
         assert r.status_code == 200
         sent[person] += 1
         body_bytes[person] += len(r.content)
-    time.sleep(1.5)  # the access log is buffered for at most 1 s (flush=1s in the render)
+    time.sleep(1.5)
     after = _usage(office)
     for person in ("alice", "carol"):
         assert after[person]["requests"] - before.get(person, {}).get("requests", 0) == sent[person]

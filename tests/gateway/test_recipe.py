@@ -21,10 +21,19 @@ KEY_A = "ds4p-" + "a" * 40
 KEY_B = "ds4p-" + "b" * 40
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    """`ds4deploy <args>` in a subprocess, as a user runs it."""
+def cli(*args: str, compose_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """`ds4deploy <args>` in a subprocess, as a user runs it; renders go to `compose_dir` when given
+    ($DS4_COMPOSE_DIR), so a render the code wrongly accepts never lands in the committed compose/."""
+    env = {**os.environ, **({"DS4_COMPOSE_DIR": str(compose_dir)} if compose_dir else {})}
     return subprocess.run([sys.executable, "-m", "ds4deploy.cli", *args], capture_output=True, text=True,
-                          cwd=REPO, check=False)
+                          cwd=REPO, check=False, env=env)
+
+
+def render_refused(path: Path, *words: str) -> None:
+    """`ds4deploy gateway render <path>` refuses (see `refused`) and writes nothing."""
+    out = path.parent / "compose-out"
+    refused(cli("gateway", "render", str(path), compose_dir=out), *words)
+    assert not out.exists(), sorted(out.rglob("*"))
 
 
 def office(tmp_path: Path, **changes) -> Path:
@@ -78,15 +87,15 @@ def test_render_check_fails_on_a_hand_edit(tmp_path: Path) -> None:
 def test_unknown_backend_recipe_is_refused(tmp_path: Path) -> None:
     path = office(tmp_path, backends=[{"name": "a", "recipe": "no-such-recipe", "host": "a"},
                                       {"name": "b", "recipe": "cpu-llamacpp", "host": "b"}])
-    refused(cli("gateway", "render", str(path)), "backend 'a' names recipe 'no-such-recipe', which does not exist")
+    render_refused(path, "backend 'a' names recipe 'no-such-recipe', which does not exist")
 
 
 def test_one_name_two_models_is_refused(tmp_path: Path) -> None:
     # cpu (a Qwen3-layout safetensors checkpoint) and cpu-llamacpp (a deepseek4 GGUF) both answer to ds4-tiny.
     path = office(tmp_path, backends=[{"name": "vllm", "recipe": "cpu", "host": "a"},
                                       {"name": "gguf", "recipe": "cpu-llamacpp", "host": "b"}])
-    refused(cli("gateway", "render", str(path)),
-            "model name 'ds4-tiny' is served by backends with different models: vllm (", "gguf (")
+    render_refused(path,
+                   "model name 'ds4-tiny' is served by backends with different models: vllm (", "gguf (")
 
 
 def test_a_url_backend_with_the_same_model_id_is_accepted(tmp_path: Path) -> None:
@@ -102,20 +111,19 @@ def test_a_url_backend_with_another_manifest_is_refused(tmp_path: Path) -> None:
     path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
                                       {"name": "b", "url": "http://10.0.0.9:8000", "models": ["ds4-tiny"],
                                        "manifest_sha256": "0" * 64}])
-    refused(cli("gateway", "render", str(path)), "different models")
+    render_refused(path, "different models")
 
 
 def test_schema_errors_name_the_key_and_line(tmp_path: Path) -> None:
     path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp"}])
-    refused(cli("gateway", "render", str(path)), "backends[0]", "a recipe backend needs host", "(line ")
-    refused(cli("gateway", "render", str(office(tmp_path, port=8031))), "must differ")
-    refused(cli("gateway", "render", str(office(tmp_path, people=[{"name": "al"}, {"name": "al"}]))),
-            "person al listed twice")
+    render_refused(path, "backends[0]", "a recipe backend needs host", "(line ")
+    render_refused(office(tmp_path, port=8031), "must differ")
+    render_refused(office(tmp_path, people=[{"name": "al"}, {"name": "al"}]), "person al listed twice")
 
 
 def test_a_key_in_the_recipe_is_refused(tmp_path: Path) -> None:
     path = office(tmp_path, description="key sk-" + "x" * 40)
-    refused(cli("gateway", "render", str(path)), "holds credentials")
+    render_refused(path, "holds credentials")
 
 
 def people_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
