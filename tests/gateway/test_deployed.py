@@ -253,3 +253,22 @@ def _usage(office) -> dict[str, dict[str, int]]:
         if len(cols) >= 6 and cols[1].isdigit():
             out[cols[0]] = {"requests": int(cols[1]), "bytes_out": int(cols[4])}
     return out
+
+
+def test_a_dead_backends_sessions_move_on(office) -> None:
+    """Runs last (it kills backend a): every session of a dead backend has its next turn answered by the other
+    backend serving its model, with no failed request; sessions on the living backend stay where they are."""
+    a, b = office["backend_url"]["a"], office["backend_url"]["b"]
+    pins = {}
+    for s in range(12):
+        r = chat(office, "alice", session=f"hand-{s}")
+        assert r.status_code == 200
+        pins[s] = r.headers["x-smg-routed-worker-id"]
+    assert set(pins.values()) == {a, b}, pins
+    docker("kill", "ds4-gwtest-backend-a")
+    t0 = time.monotonic()
+    for s, first in pins.items():
+        r = chat(office, "alice", session=f"hand-{s}")
+        assert r.status_code == 200, (s, r.status_code, r.text)
+        assert r.headers["x-smg-routed-worker-id"] == b, (s, first, r.headers["x-smg-routed-worker-id"])
+    print(f"12 next turns after backend a died: {time.monotonic() - t0:.1f} s")
