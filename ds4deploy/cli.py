@@ -93,7 +93,8 @@ def cmd_render(ns: argparse.Namespace) -> int:
         return 0
     bad: list[str] = []
     if not ns.recipes:
-        bad += render.orphans([r.name for r, _ in loaded])
+        # compose/gateways/ holds the gateway renders (`ds4deploy gateway render --check` checks them).
+        bad += render.orphans([r.name for r, _ in loaded] + ["gateways"])
     for _, out in loaded:
         bad += render.stale(out)
     if bad:
@@ -648,6 +649,91 @@ def cmd_fabric_gid_index(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway_render(ns: argparse.Namespace) -> int:
+    """Render gateway recipes into compose/gateways/<name>/ (all when none named), or with --check fail (exit 1)
+    when a committed gateway render is stale."""
+    from ds4deploy.render import gateway
+
+    names = ns.gateways or gateway.gateway_names()
+    renders = [(gw, gateway.render(gw)) for gw in (gateway.load_gateway(n) for n in names)]
+    if ns.check:
+        bad = [s for gw, files in renders for s in gateway.stale(gw, files)]
+        if not ns.gateways and gateway.render_root().is_dir():
+            bad += [f"{d} has no gateway recipe" for d in sorted(gateway.render_root().iterdir())
+                    if d.name not in names]
+        if bad:
+            raise UserError("committed gateway renders are stale:\n  " + "\n  ".join(bad),
+                            "run `ds4deploy gateway render` and commit compose/gateways/", code=1)
+        for gw, _ in renders:
+            gateway.compose_check(gw)
+        print("gateway renders are fresh, and docker compose accepts them")
+        return 0
+    for gw, files in renders:
+        for path in gateway.write(gw, files):
+            print(f"wrote {path.relative_to(gateway.paths.REPO_ROOT)}")
+    return 0
+
+
+def cmd_gateway_keys(ns: argparse.Namespace) -> int:
+    """Check the people key file of a gateway and write the front door's people maps beside it; with --reload,
+    reload the running front door gracefully (nginx -s reload: open streams finish, new requests see the maps)."""
+    import subprocess
+
+    from ds4deploy.render import gateway
+
+    gw = gateway.load_gateway(ns.gateway)
+    keys = gateway.read_people_keys(gw, Path(ns.people_file) if ns.people_file else None)
+    dest = gateway.write_people_maps(gw, keys, Path(ns.dest) if ns.dest else None)
+    missing = sorted({p.name for p in gw.people} - set(keys))
+    print(f"wrote the people maps of {len(keys)} person(s) into {dest}"
+          + (f"; no key (refused at the door): {', '.join(missing)}" if missing else ""))
+    if ns.reload:
+        name = ns.container or gateway.front_door_container(gw)
+        p = subprocess.run(["docker", "exec", name, "nginx", "-s", "reload", "-c", "/run/front-door/nginx.conf"],
+                           capture_output=True, text=True, check=False)
+        if p.returncode != 0:
+            raise UserError(f"could not reload the front door {name}: {(p.stderr or p.stdout).strip()[-300:]}",
+                            "check it runs (`docker ps`); the maps are written, a restart of the container reads "
+                            "them too")
+        print(f"reloaded {name}")
+    return 0
+
+
+def cmd_gateway_model_id(ns: argparse.Namespace) -> int:
+    """Print the model identity of a recipe's committed manifest (sha256 of its file list), for a gateway's url
+    backend (``manifest_sha256``)."""
+    from ds4deploy.model.manifest import load_manifest
+    from ds4deploy.recipe.load import load_recipe
+    from ds4deploy.render.gateway import manifest_identity
+
+    print(manifest_identity(load_manifest(load_recipe(ns.recipe))["files"]))
+    return 0
+
+
+def cmd_gateway_usage(ns: argparse.Namespace) -> int:
+    """Per-person requests, bytes and seconds from a gateway front door's access log (--log FILE, '-' for stdin;
+    default: `docker logs` of the gateway's front door container)."""
+    import subprocess
+
+    from ds4deploy.operate.gateway_usage import table, usage
+
+    if ns.log == "-":
+        lines = sys.stdin.read().splitlines()
+    elif ns.log:
+        lines = Path(ns.log).read_text(encoding="utf-8").splitlines()
+    else:
+        from ds4deploy.render import gateway
+
+        name = gateway.front_door_container(gateway.load_gateway(ns.gateway))
+        p = subprocess.run(["docker", "logs", name], capture_output=True, text=True, check=False)
+        if p.returncode != 0:
+            raise UserError(f"could not read the log of {name}: {p.stderr.strip()[-300:]}",
+                            "is the gateway deployed here? Or pass --log FILE")
+        lines = p.stdout.splitlines()
+    print(table(usage(lines)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every ds4deploy command."""
     p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
@@ -952,6 +1038,28 @@ def build_parser() -> argparse.ArgumentParser:
                     help="count 'no NVIDIA GPU' / 'no RDMA device' skips as failures")
     cr.add_argument("--width", type=int, default=160, help="table width in columns")
     cr.set_defaults(func=cmd_check_run)
+
+    gp = sub.add_parser("gateway", help="gateway recipes (recipes/gateways/): render, people keys, usage")
+    gp = gp.add_subparsers(dest="sub", required=True)
+    gr = gp.add_parser("render", help="render compose/gateways/<name>/ (all when none named)")
+    gr.add_argument("gateways", nargs="*")
+    gr.add_argument("--check", action="store_true", help="fail (exit 1) when a committed gateway render is stale")
+    gr.set_defaults(func=cmd_gateway_render)
+    gk = gp.add_parser("keys", help="check the people key file and write the front door's people maps (revoke: "
+                       "remove the person's line, run this with --reload)")
+    gk.add_argument("gateway")
+    gk.add_argument("--people-file", help="the people key file (default: the recipe's people_key_file)")
+    gk.add_argument("--dest", help="where to write the maps (default: <people_key_file>.d)")
+    gk.add_argument("--reload", action="store_true", help="reload the running front door gracefully")
+    gk.add_argument("--container", help="the front door container (default: ds4-gw-<name>-front-door)")
+    gk.set_defaults(func=cmd_gateway_keys)
+    gm = gp.add_parser("model-id", help="the model identity of a recipe's manifest (a url backend's manifest_sha256)")
+    gm.add_argument("recipe")
+    gm.set_defaults(func=cmd_gateway_model_id)
+    gu = gp.add_parser("usage", help="per-person requests, bytes and seconds from the front door's access log")
+    gu.add_argument("gateway")
+    gu.add_argument("--log", help="an access log file ('-': stdin); default: docker logs of the front door")
+    gu.set_defaults(func=cmd_gateway_usage)
 
     fb = sub.add_parser("fabric", help="fabric helpers run on a node").add_subparsers(dest="sub", required=True)
     fg = fb.add_parser("gid-index", help="print the RoCE v2 GID index of a rail address on an HCA (this node)")

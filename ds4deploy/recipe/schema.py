@@ -1211,3 +1211,136 @@ def whole_number(value: Any) -> int | None:
     if isinstance(value, str) and re.fullmatch(r"\s*\d+\s*", value):
         return int(value)
     return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Gateway recipes (kind: gateway, under recipes/gateways/): one endpoint in front of several deployments.
+
+MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
+# A person's name in the gateway: it is written into the access log and the rendered people maps, so it is kept to
+# characters that are literal in nginx map values and in JSON.
+PERSON_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+# An HTTP header name (RFC 9110 section 5.1: a token), lower case as nginx's $http_ variables want it.
+HEADER_RE = r"^[a-z0-9][a-z0-9-]{0,63}$"
+
+
+class GatewayBackend(Strict):
+    """One deployment behind the gateway: a recipe of this repository and the inventory host it runs on, or the URL
+    of a server ds4deploy did not deploy (then its model names, and its manifest's sha256 when known, are given)."""
+
+    name: Annotated[str, Field(pattern=NAME_RE)] = Field(
+        description="the backend's name in the gateway recipe (unique; what error messages call it)")
+    recipe: Annotated[str, Field(pattern=NAME_RE)] | None = Field(
+        default=None, description="a recipe under recipes/ that runs on `host`: its served_name and aliases are the "
+                                  "model names this backend serves, its committed manifest the model's identity")
+    host: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$",
+        description="the host (as the gateway reaches it: a DNS name or an address) the recipe is deployed on; the "
+                    "backend's URL is http://<host>:<the recipe's serving.port>")
+    url: str | None = Field(
+        default=None, pattern=r"^http://[A-Za-z0-9.\[\]:-]+:[0-9]{1,5}$",
+        description="http://<host>:<port> of a server not deployed from a recipe here (no path: the gateway adds "
+                    "/v1/...)")
+    models: list[Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
+        default_factory=list, description="the model names a `url` backend serves (a recipe backend: leave empty, "
+                                          "they come from the recipe)")
+    manifest_sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$",
+        description="a `url` backend's model identity: what `ds4deploy gateway model-id <recipe>` prints for "
+                    "the recipe whose model it serves (two backends serving one name must have the same)")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> GatewayBackend:
+        if (self.recipe is None) == (self.url is None):
+            raise ValueError("a backend names either recipe (with host) or url, not both or neither")
+        if self.recipe is not None and (self.host is None or self.models or self.manifest_sha256):
+            raise ValueError("a recipe backend needs host, and takes its models and manifest from the recipe "
+                             "(remove models/manifest_sha256)")
+        if self.url is not None and (self.host is not None or not self.models):
+            raise ValueError("a url backend lists the models it serves (models: [...]) and has no host")
+        return self
+
+
+class GatewayPerson(Strict):
+    """One person with a key at the gateway's front door. The key itself is never in the recipe: it is one
+    ``<person> <key>`` line of the people key file on the gateway host (`GatewayRecipe.people_key_file`)."""
+
+    name: Annotated[str, Field(pattern=PERSON_RE)] = Field(
+        description="the person's name as the access log and `ds4deploy gateway usage` show it")
+
+
+class GatewayRouting(Strict):
+    """How the gateway picks a backend for a request whose model several backends serve."""
+
+    router: Literal["smg"] = Field(
+        default="smg",
+        description="smg: SMG (Shepherd Model Gateway, PyPI smg, pinned in images/gateway/requirements.txt) routes "
+                    "by model name, reads each backend's load, and keeps a session on its backend (the nginx "
+                    "consistent-hashing fallback is not rendered yet: docs/gateway.md)")
+    policy: Literal["least_load", "power_of_two"] = Field(
+        default="least_load",
+        description="SMG --policy for a session's first request: a load-aware one. Not cache_aware (SMG's "
+                    "default), which sent every session that shares a long system prompt to one backend "
+                    "(docs/sources.md#gateway-smg)")
+    session_header: Annotated[str, Field(pattern=HEADER_RE)] = Field(
+        default="x-claude-code-session-id",
+        description="the request header that names a session (Claude Code sends x-claude-code-session-id): every "
+                    "request with the same value goes to the same backend while it lives (SMG --sticky-sessions "
+                    "--routing-key-headers)")
+    sticky_idle_s: int = Field(
+        default=14400, ge=60, le=604800,
+        description="seconds a session's backend stays pinned without a request (SMG --sticky-key-idle-secs; "
+                    "SMG's default 14400)")
+
+
+class GatewayRecipe(Strict):
+    """A gateway recipe: one URL and one key per person in front of several deployments (docs/gateway.md)."""
+
+    kind: Literal["gateway"] = Field(description="gateway: this file is a gateway, not a serving stack")
+    name: Annotated[str, Field(pattern=NAME_RE)] = Field(description="the gateway's name; its file name too")
+    description: str = Field(description="one paragraph: which office, which deployments")
+    bind_address: str = Field(
+        default="127.0.0.1", description="address the gateway's front door listens on (an office LAN address to "
+                                         "serve the office; 127.0.0.1 for loopback only)")
+    port: int = Field(ge=1, le=65535, description="the front door's port: the one URL every client uses")
+    router_port: int = Field(
+        ge=1, le=65535, description="SMG's own port, on 127.0.0.1 only (host networking): only the front door "
+                                    "reaches it")
+    router_metrics_port: int = Field(
+        ge=1, le=65535, description="SMG's Prometheus port (--prometheus-port), on 127.0.0.1 only")
+    models: list[Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
+        min_length=1, description="the model names the gateway serves; each must be served by at least one backend")
+    fallback: dict[Annotated[str, Field(pattern=MODEL_NAME_RE)], Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
+        default_factory=dict,
+        description="model name -> the model name a request may be answered by when no backend of the first "
+                    "serves (both in models; not applied by the router yet: docs/gateway.md)")
+    backends: list[GatewayBackend] = Field(min_length=1, description="the deployments behind the gateway")
+    people: list[GatewayPerson] = Field(min_length=1, description="everyone who gets a key")
+    people_key_file: NodePath = Field(
+        description="the people key file on the gateway host (mode 0600, one `<person> <key>` line per person, "
+                    "keys of A-Z a-z 0-9 _ -, at least 32 characters); never in the repository or the render")
+    key_file: NodePath = Field(
+        description="the gateway's own key file on the gateway host (mode 0600): VLLM_API_KEY=<key> (the stacks' key "
+                    "file format), the one key the router presents to every backend (each backend's front door must "
+                    "accept it)")
+    routing: GatewayRouting = Field(default_factory=GatewayRouting, description="how a backend is picked")
+    _source: Path | None = PrivateAttr(default=None)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewayRecipe:
+        def twice(names: list[str], what: str) -> None:
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise ValueError(f"{what} {', '.join(dup)} listed twice: list each once")
+        twice([b.name for b in self.backends], "backend")
+        twice([p.name for p in self.people], "person")
+        twice(list(self.models), "model")
+        ports = [self.port, self.router_port, self.router_metrics_port]
+        if len(set(ports)) != 3:
+            raise ValueError(f"port, router_port and router_metrics_port must differ (got {ports})")
+        for src, dst in self.fallback.items():
+            if src not in self.models or dst not in self.models or src == dst:
+                raise ValueError(f"fallback {src} -> {dst}: both must be other names listed in models")
+        if self.people_key_file == self.key_file:
+            raise ValueError("people_key_file and key_file must be two files")
+        return self

@@ -33,9 +33,12 @@ def test_a_field_without_a_description_is_named():
 def test_the_committed_reference_is_fresh_and_covers_every_field():
     text = reference.REFERENCE.read_text(encoding="utf-8")
     assert text == reference.reference_markdown()
-    rows = [line.split("|")[1].strip().strip("`") for line in text.splitlines() if line.startswith("| `")]
+    stacks, gateways = text.split("\n# Gateway recipes\n")
+    rows = [line.split("|")[1].strip().strip("`") for line in stacks.splitlines() if line.startswith("| `")]
     assert rows == [f.path for f in reference.fields() if "." not in f.path] + [
         f.path for f in reference.fields() if "." in f.path or "[]" in f.path]
+    gw_rows = [line.split("|")[1].strip().strip("`") for line in gateways.splitlines() if line.startswith("| `")]
+    assert sorted(gw_rows) == sorted(f.path for f in reference.fields(reference.GatewayRecipe))
     # One field's whole row: type, bounds, default, description, the flag it becomes, the rules that read it.
     row = next(line for line in text.splitlines() if line.startswith("| `serving.max_model_len` |"))
     assert "| int | >= 16 | required |" in row and "`--max-model-len`" in row

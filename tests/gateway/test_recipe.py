@@ -1,0 +1,187 @@
+"""Gateway recipes without Docker: the schema, the checks against the recipes they name, the people key file and
+the committed render, each bad input through the real `ds4deploy` command (one message with cause and fix, exit 2,
+nothing written)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from ds4deploy.render import gateway
+
+REPO = Path(__file__).resolve().parents[2]
+OFFICE = REPO / "recipes" / "gateways" / "office.yaml"
+KEY_A = "ds4p-" + "a" * 40
+KEY_B = "ds4p-" + "b" * 40
+
+
+def cli(*args: str, compose_dir: Path | None = None) -> subprocess.CompletedProcess:
+    """`ds4deploy <args>` in a subprocess, as a user runs it; renders go to `compose_dir` when given
+    ($DS4_COMPOSE_DIR), so a render the code wrongly accepts never lands in the committed compose/."""
+    env = {**os.environ, **({"DS4_COMPOSE_DIR": str(compose_dir)} if compose_dir else {})}
+    return subprocess.run([sys.executable, "-m", "ds4deploy.cli", *args], capture_output=True, text=True,
+                          cwd=REPO, check=False, env=env)
+
+
+def render_refused(path: Path, *words: str) -> None:
+    """`ds4deploy gateway render <path>` refuses (see `refused`) and writes nothing."""
+    out = path.parent / "compose-out"
+    refused(cli("gateway", "render", str(path), compose_dir=out), *words)
+    assert not out.exists(), sorted(out.rglob("*"))
+
+
+def office(tmp_path: Path, **changes) -> Path:
+    """A copy of the office gateway recipe with `changes` applied at the top level, as ``<tmp>/office.yaml``."""
+    data = yaml.safe_load(OFFICE.read_text())
+    data.update(changes)
+    path = tmp_path / "office.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def refused(p: subprocess.CompletedProcess, *words: str) -> None:
+    """Exit 2, one 'error:' and one 'fix:' line pair, no traceback, every word in the message."""
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr and p.stderr.startswith("error: "), p.stderr
+    assert "\nfix: " in p.stderr, p.stderr
+    for w in words:
+        assert w in p.stderr, (w, p.stderr)
+
+
+def test_office_loads_and_resolves_both_backends() -> None:
+    gw = gateway.load_gateway("office")
+    backends = gateway.resolve_backends(gw)
+    assert [b.url for b in backends] == ["http://box-a.office.lan:8020", "http://box-b.office.lan:8020"]
+    assert backends[0].identity == backends[1].identity
+    assert backends[0].models[0] == "ds4-tiny"
+
+
+def test_committed_render_is_fresh_and_holds_no_key() -> None:
+    p = cli("gateway", "render", "--check")
+    assert p.returncode == 0, p.stderr
+    assert "docker compose accepts them" in p.stdout
+    text = "".join(f.read_text() for f in (REPO / "compose" / "gateways" / "office").iterdir())
+    assert "ds4p-" not in text and "VLLM_API_KEY=" not in text
+    argv = json.loads((REPO / "compose" / "gateways" / "office" / "router-args.json").read_text())
+    assert "--api-key" not in argv
+    assert argv[argv.index("--policy") + 1] == "least_load"
+    assert argv[argv.index("--routing-key-headers") + 1] == "x-claude-code-session-id"
+
+
+def test_render_check_fails_on_a_hand_edit(tmp_path: Path) -> None:
+    gw = gateway.load_gateway("office")
+    files = gateway.render(gw)
+    gateway.write(gw, files, tmp_path)
+    assert gateway.stale(gw, files, tmp_path) == []
+    conf = tmp_path / "office" / "front-door.conf.template"
+    conf.write_text(conf.read_text().replace("return 401;", "return 200;", 1))
+    assert gateway.stale(gw, files, tmp_path) == [f"{conf} is stale"]
+
+
+def test_unknown_backend_recipe_is_refused(tmp_path: Path) -> None:
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "no-such-recipe", "host": "a"},
+                                      {"name": "b", "recipe": "cpu-llamacpp", "host": "b"}])
+    render_refused(path, "backend 'a' names recipe 'no-such-recipe', which does not exist")
+
+
+def test_one_name_two_models_is_refused(tmp_path: Path) -> None:
+    # cpu (a Qwen3-layout safetensors checkpoint) and cpu-llamacpp (a deepseek4 GGUF) both answer to ds4-tiny.
+    path = office(tmp_path, backends=[{"name": "vllm", "recipe": "cpu", "host": "a"},
+                                      {"name": "gguf", "recipe": "cpu-llamacpp", "host": "b"}])
+    render_refused(path,
+                   "model name 'ds4-tiny' is served by backends with different models: vllm (", "gguf (")
+
+
+def test_a_url_backend_with_the_same_model_id_is_accepted(tmp_path: Path) -> None:
+    ident = cli("gateway", "model-id", "cpu-llamacpp").stdout.strip()
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
+                                      {"name": "b", "url": "http://10.0.0.9:8000", "models": ["ds4-tiny"],
+                                       "manifest_sha256": ident}])
+    gw = gateway.load_gateway(path)
+    assert [b.identity for b in gateway.resolve_backends(gw)] == [ident, ident]
+
+
+def test_a_url_backend_with_another_manifest_is_refused(tmp_path: Path) -> None:
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
+                                      {"name": "b", "url": "http://10.0.0.9:8000", "models": ["ds4-tiny"],
+                                       "manifest_sha256": "0" * 64}])
+    render_refused(path, "different models")
+
+
+def test_schema_errors_name_the_key_and_line(tmp_path: Path) -> None:
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp"}])
+    render_refused(path, "backends[0]", "a recipe backend needs host", "(line ")
+    render_refused(office(tmp_path, port=8031), "must differ")
+    render_refused(office(tmp_path, people=[{"name": "al"}, {"name": "al"}]), "person al listed twice")
+
+
+def test_a_key_in_the_recipe_is_refused(tmp_path: Path) -> None:
+    path = office(tmp_path, description="key sk-" + "x" * 40)
+    render_refused(path, "holds credentials")
+
+
+def people_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
+    path = tmp_path / "people"
+    path.write_text(text)
+    os.chmod(path, mode)
+    return path
+
+
+def test_people_keys_become_maps_and_no_key_is_printed(tmp_path: Path) -> None:
+    path = people_file(tmp_path, f"# office\nalice {KEY_A}\nbob {KEY_B}\n")
+    p = cli("gateway", "keys", "office", "--people-file", str(path), "--dest", str(tmp_path / "maps"))
+    assert p.returncode == 0, p.stderr
+    assert "2 person(s)" in p.stdout and "no key (refused at the door): carol" in p.stdout
+    assert KEY_A not in p.stdout + p.stderr
+    bearer = (tmp_path / "maps" / "bearer.map").read_text()
+    assert f'"~^[Bb][Ee][Aa][Rr][Ee][Rr] +{KEY_A}$" alice;' in bearer
+    assert (tmp_path / "maps" / "x-api-key.map").read_text().count("\n") == 2
+    assert oct((tmp_path / "maps" / "bearer.map").stat().st_mode & 0o777) == "0o600"
+
+
+def test_one_key_for_two_people_is_refused(tmp_path: Path) -> None:
+    path = people_file(tmp_path, f"alice {KEY_A}\nbob {KEY_A}\n")
+    p = cli("gateway", "keys", "office", "--people-file", str(path), "--dest", str(tmp_path / "maps"))
+    refused(p, "line 2 gives 'bob' the key of 'alice' (line 1)")
+    assert KEY_A not in p.stderr
+    assert not (tmp_path / "maps").exists()
+
+
+@pytest.mark.parametrize(("text", "mode", "words"), [
+    (f"alice {KEY_A}\n", 0o644, ("readable or writable by group or others", "chmod 600")),
+    (f"mallory {KEY_A}\n", 0o600, ("'mallory', who is not in the recipe's people",)),
+    ("alice short-key\n", 0o600, ("not 32 or more",)),
+    (f"alice {KEY_A} extra\n", 0o600, ("line 1 is not '<person> <key>'",)),
+])
+def test_bad_people_files_are_refused(tmp_path: Path, text: str, mode: int, words: tuple[str, ...]) -> None:
+    path = people_file(tmp_path, text, mode)
+    refused(cli("gateway", "keys", "office", "--people-file", str(path), "--dest", str(tmp_path / "maps")), *words)
+    assert not (tmp_path / "maps").exists()
+
+
+def test_nginx_accepts_the_front_door_config(tmp_path: Path) -> None:
+    """nginx's own parser on the rendered config with real maps (the host's nginx, as the stacks' render check)."""
+    from ds4deploy.render.front_door import nginx_binary
+
+    nginx = nginx_binary()
+    if nginx is None:
+        pytest.skip("nginx is not installed here")
+    gw = gateway.load_gateway("office")
+    maps = gateway.write_people_maps(gw, {"alice": KEY_A}, tmp_path / "people")
+    text = gateway.render(gw)["front-door.conf.template"]
+    text = text.replace("${VLLM_API_KEY}", "ds4-" + "g" * 40).replace("${DS4_METRICS_KEY}", "ds4m-" + "m" * 40)
+    text = text.replace(gateway.CONTAINER_PEOPLE_DIR, str(maps)).replace("pid /run/nginx.pid;", f"pid {tmp_path}/p;")
+    text = text.replace("listen 127.0.0.1:8030;", f"listen unix:{tmp_path}/s.sock;")
+    text = text.replace("access_log /dev/stdout", f"access_log {tmp_path}/a.log")
+    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
+    (tmp_path / "nginx.conf").write_text(text)
+    p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c",
+                        str(tmp_path / "nginx.conf")], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr
