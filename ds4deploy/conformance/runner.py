@@ -222,7 +222,8 @@ def _version(url: str, key: str | None, family: str, recipe: Recipe | None) -> s
     """`server_version`, or for llama-server (no /version route) ``llama.cpp`` and the recipe's pinned commit."""
     v = server_version(url, key)
     if v == "unknown" and family == "llamacpp":
-        return "llama.cpp" + (f" {engine_rules.LLAMACPP_COMMIT[:12]} (the recipe's pin)" if recipe else "")
+        return "llama.cpp" + (f" {recipe.engine.version.removeprefix('git-')[:12]} (the recipe's pin)"
+                              if recipe else "")
     return v
 
 

@@ -123,3 +123,15 @@ def test_the_family_is_read_from_a_real_v1_models_answer():
     assert family_of_models(json.loads((fix / "vllm-0.32.0-cpu-v1-models.json").read_text())) == "vllm"
     assert family_of_models({"data": [{"id": "x", "owned_by": "someone"}]}) is None
     assert family_of_models(["not", "a", "list body"]) is None
+
+
+def test_every_llamacpp_recipe_pins_the_commit_the_rules_were_read_at():
+    """The llama.cpp rules cite that commit's code: a recipe pinning another llama.cpp must have them re-read (and
+    LLAMACPP_COMMIT moved) before its matrix is judged by them."""
+    from ds4deploy.recipe.load import load_recipe
+    from ds4deploy.recipe.paths import REPO_ROOT
+
+    pins = {p.stem: load_recipe(p.stem).engine.version for p in (REPO_ROOT / "recipes").glob("*.yaml")
+            if load_recipe(p.stem).engine.family == "llamacpp"}
+    assert pins, "no llama.cpp recipe found"
+    assert {name: v for name, v in pins.items() if v != f"git-{engine_rules.LLAMACPP_COMMIT}"} == {}
