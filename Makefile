@@ -167,7 +167,7 @@ test: venv ## lint, unit, e2e (offline, multinode), test-hosts, rehearse: what C
 
 # Lint and the unit tests that run in-process: no engine (marker `engine`), no real tool in a subprocess and no real
 # stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's parser, the hub server); `make unit` runs
-# every one. 142 s on the 2-core machine, quiet (2026-12-01; lint 33 s, unit 109 s).
+# every one. 141 s on the 2-core machine, quiet (2026-12-02; lint 36 s, unit 105 s).
 check-fast: venv ## lint + the in-process unit tests (no engine, no tool run; `make unit` runs all): for every change
 	@$(call TIER,lint) $(MAKE) --no-print-directory lint
 	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine and not tool" \
@@ -180,7 +180,8 @@ base-image: ## Debian bookworm base via debootstrap (no registry needed)
 # under its derived tag afterwards), then each llama.cpp recipe's exact llama-server argv on a tiny deepseek4 GGUF in
 # the recipe's own file layout: load, both APIs, flag registry against --help; a planted wrong model path must fail.
 # Not part of `make test`: on the 2-core machine the image build took 460 s and the tests 10 s (2026-12-01), and
-# `make test` is already above its 60 minutes; the image is kept under its derived tag, so a second run takes seconds.
+# `make test` (57.9 minutes, 2026-12-02) has no room for them; the image is kept under its derived tag, so a second
+# run takes seconds.
 # tests/llamacpp/test_deployed.py runs only from `make e2e-llamacpp` (it needs the deployed stack).
 llamacpp: venv ## the llama.cpp family: llamacpp-cpu image from the locked source, every llama.cpp recipe's argv
 ## served by the real llama-server on a tiny same-layout deepseek4 GGUF (tests/llamacpp)
