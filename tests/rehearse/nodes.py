@@ -265,6 +265,8 @@ def load_images(targets: list[Node], source: list[str] | Path) -> None:
                     load.stdin.write(chunk)
                 except BrokenPipeError:  # that load failed: its answer is read below
                     del live[node]
+    if save is not None and not live:
+        save.kill()  # every load failed: nobody reads the rest of the save
     failed = []
     for node, load in loads.items():
         try:
