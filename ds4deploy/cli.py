@@ -720,12 +720,20 @@ def cmd_gateway_usage(ns: argparse.Namespace) -> int:
     if ns.log == "-":
         lines = sys.stdin.read().splitlines()
     elif ns.log:
-        lines = Path(ns.log).read_text(encoding="utf-8").splitlines()
+        try:
+            lines = Path(ns.log).read_text(encoding="utf-8").splitlines()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise UserError(f"cannot read the access log {ns.log}: {getattr(exc, 'strerror', None) or exc}",
+                            "pass --log with the front door's saved log (a text file), or '-' for stdin") from None
     else:
         from ds4deploy.render import gateway
 
         name = gateway.front_door_container(gateway.load_gateway(ns.gateway))
-        p = subprocess.run(["docker", "logs", name], capture_output=True, text=True, check=False)
+        try:
+            p = subprocess.run(["docker", "logs", name], capture_output=True, text=True, check=False)
+        except OSError as exc:
+            raise UserError(f"cannot run docker to read the log of {name}: {exc.strerror}",
+                            "run it on the gateway host (where Docker is), or pass --log FILE") from None
         if p.returncode != 0:
             raise UserError(f"could not read the log of {name}: {p.stderr.strip()[-300:]}",
                             "is the gateway deployed here? Or pass --log FILE")

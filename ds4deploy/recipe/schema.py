@@ -1300,8 +1300,8 @@ class GatewayRecipe(Strict):
     name: Annotated[str, Field(pattern=NAME_RE)] = Field(description="the gateway's name; its file name too")
     description: str = Field(description="one paragraph: which office, which deployments")
     bind_address: str = Field(
-        default="127.0.0.1", description="address the gateway's front door listens on (an office LAN address to "
-                                         "serve the office; 127.0.0.1 for loopback only)")
+        default="127.0.0.1", description="IPv4 address the gateway's front door listens on (an office LAN address "
+                                         "to serve the office; 127.0.0.1 for loopback only)")
     port: int = Field(ge=1, le=65535, description="the front door's port: the one URL every client uses")
     router_port: int = Field(
         ge=1, le=65535, description="SMG's own port, on 127.0.0.1 only (host networking): only the front door "
@@ -1325,6 +1325,13 @@ class GatewayRecipe(Strict):
                     "accept it)")
     routing: GatewayRouting = Field(default_factory=GatewayRouting, description="how a backend is picked")
     _source: Path | None = PrivateAttr(default=None)
+
+    @field_validator("bind_address")
+    @classmethod
+    def _ipv4(cls, v: str) -> str:
+        # nginx's `listen <address>:<port>` in the front door config: an IPv6 address would need brackets there.
+        ipaddress.IPv4Address(v)
+        return v
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayRecipe:

@@ -192,7 +192,12 @@ def read_people_keys(gw: GatewayRecipe, path: Path | None = None) -> dict[str, s
     keys: dict[str, str] = {}
     owner: dict[str, tuple[str, int]] = {}
     problems = []
-    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read the people key file {path}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}",
+                        "run as the file's owner (sudo), and keep it UTF-8 text of '<person> <key>' lines") from None
+    for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -201,7 +206,10 @@ def read_people_keys(gw: GatewayRecipe, path: Path | None = None) -> dict[str, s
             problems.append(f"line {n} is not '<person> <key>'")
             continue
         person, key = m["person"], m["key"]
-        if person not in listed:
+        if person not in listed and KEY_RE.match(person):
+            # Never quoted: a line written the wrong way round ('<key> <person>') would put the key in the message.
+            problems.append(f"line {n}: its first field looks like a key; the format is '<person> <key>'")
+        elif person not in listed:
             problems.append(f"line {n} names '{person}', who is not in the recipe's people")
         elif person in keys:
             problems.append(f"line {n} gives '{person}' a second key")
@@ -240,14 +248,19 @@ def write_people_maps(gw: GatewayRecipe, keys: dict[str, str], dest: Path | None
     """Write `people_maps` into `dest` (default `people_dir`), mode 0700 directory and 0600 files, each replaced
     atomically (written beside, then renamed). Returns the directory."""
     dest = Path(dest or people_dir(gw))
-    dest.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(dest, 0o700)
-    for name, text in people_maps(keys).items():
-        tmp = dest / f".{name}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, dest / name)
+    try:
+        dest.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(dest, 0o700)
+        for name, text in people_maps(keys).items():
+            tmp = dest / f".{name}.tmp"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, dest / name)
+    except OSError as exc:
+        raise UserError(f"cannot write the people maps in {dest}: {exc.strerror}",
+                        "run as the owner of the people key file (sudo), or pass --dest a folder you can write"
+                        ) from None
     return dest
 
 

@@ -7,7 +7,7 @@ container's recorded command). This launcher parses the same flags with SMG's ow
 through the compose env_file), drops the variable from the environment and starts the router exactly as ``smg
 launch`` does (``smg.launch_router.launch_router``).
 
-Exit 2 with "error: ... / fix: ..." when the key is missing, or passed on the command line.
+Exit 1 with "error: ... / fix: ..." when the key is missing, or passed on the command line.
 """
 
 import os

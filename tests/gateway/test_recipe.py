@@ -165,6 +165,25 @@ def test_bad_people_files_are_refused(tmp_path: Path, text: str, mode: int, word
     assert not (tmp_path / "maps").exists()
 
 
+def test_a_line_written_key_first_is_refused_without_quoting_the_key(tmp_path: Path) -> None:
+    path = people_file(tmp_path, f"{KEY_B} alice\n")
+    p = cli("gateway", "keys", "office", "--people-file", str(path), "--dest", str(tmp_path / "maps"))
+    refused(p, "line 1: its first field looks like a key")
+    assert KEY_B not in p.stderr and "ds4p-" not in p.stderr
+
+
+def test_an_unreadable_people_file_and_log_are_one_message(tmp_path: Path) -> None:
+    path = people_file(tmp_path, f"alice {KEY_A}\n")
+    path.write_bytes(b"alice \xff\xfe\n")
+    refused(cli("gateway", "keys", "office", "--people-file", str(path), "--dest", str(tmp_path / "maps")),
+            f"cannot read the people key file {path}")
+    refused(cli("gateway", "usage", "office", "--log", str(tmp_path / "no-such.log")), "cannot read the access log")
+
+
+def test_an_ipv6_bind_address_is_refused(tmp_path: Path) -> None:
+    render_refused(office(tmp_path, bind_address="::1"), "bind_address")
+
+
 def test_nginx_accepts_the_front_door_config(tmp_path: Path) -> None:
     """nginx's own parser on the rendered config with real maps (the host's nginx, as the stacks' render check)."""
     from ds4deploy.render.front_door import nginx_binary

@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from tests.rehearse import hardware
 RUN = Path("/run/ds4-rehearse")
 MNT = RUN / "mnt"
 DATA = Path("/var/lib/ds4-rehearse")
+# Seconds a load of the stand-in images may take (the 4 GB base into two nodes: 160-220 s here, 2026-12-02).
+LOAD_TIMEOUT_S = 1800
 STANDIN = Path(__file__).resolve().parent / "standin"
 PREFIX = "ds4-rehearse-"
 NAMES = ("node-a", "node-b")
@@ -258,25 +261,42 @@ def load_images(targets: list[Node], source: list[str] | Path) -> None:
                                     stderr=subprocess.PIPE, env={**os.environ, "DOCKER_HOST": node.docker_host})
              for node in targets}
     live = dict(loads)
-    with stream:
-        while live and (chunk := stream.read(1 << 20)):
-            for node, load in list(live.items()):
-                try:
-                    load.stdin.write(chunk)
-                except BrokenPipeError:  # that load failed: its answer is read below
-                    del live[node]
-    if save is not None and not live:
-        save.kill()  # every load failed: nobody reads the rest of the save
-    failed = []
-    for node, load in loads.items():
-        try:
-            load.stdin.close()
-        except BrokenPipeError:
-            pass
-        if load.wait(timeout=1800):
-            failed.append(f"{node.name}: {load.stderr.read().decode(errors='replace').strip()[-600:]}")
-    if save is not None and save.wait(timeout=60) and live:
-        failed.append(f"this machine's docker save: {save.stderr.read().decode(errors='replace').strip()[-600:]}")
+    procs = [*loads.values(), *([save] if save is not None else [])]
+    # A daemon that stops reading would block a write for ever: after LOAD_TIMEOUT_S every process is killed, which
+    # ends the writes (broken pipe) and the waits below.
+    expired = threading.Event()
+
+    def kill_all() -> None:
+        expired.set()
+        for proc in procs:
+            proc.kill()
+
+    timer = threading.Timer(LOAD_TIMEOUT_S, kill_all)
+    timer.start()
+    try:
+        with stream:
+            while live and (chunk := stream.read(1 << 20)):
+                for node, load in list(live.items()):
+                    try:
+                        load.stdin.write(chunk)
+                    except BrokenPipeError:  # that load failed: its answer is read below
+                        del live[node]
+        if save is not None and not live:
+            save.kill()  # every load failed: nobody reads the rest of the save
+        failed = []
+        for node, load in loads.items():
+            try:
+                load.stdin.close()
+            except BrokenPipeError:
+                pass
+            if load.wait():
+                failed.append(f"{node.name}: {load.stderr.read().decode(errors='replace').strip()[-600:]}")
+        if save is not None and save.wait() and live:
+            failed.append(f"this machine's docker save: {save.stderr.read().decode(errors='replace').strip()[-600:]}")
+    finally:
+        timer.cancel()
+    if expired.is_set():
+        failed.append(f"not done after {LOAD_TIMEOUT_S} s: every load was stopped")
     if failed:
         raise RuntimeError("loading images into the stand-in nodes failed: " + "; ".join(failed))
 
