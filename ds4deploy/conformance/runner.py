@@ -38,10 +38,12 @@ from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.schema import Benchmark, Recipe
 
 
-def probe_server(url: str, key: str | None, model: str | None, timeout_s: float = 30.0) -> tuple[str, int | None]:
+def probe_server(url: str, key: str | None, model: str | None,
+                 timeout_s: float = 30.0) -> tuple[str, int | None, str | None]:
     """Check the server can be tested: reachable, the key accepted, an OpenAI-compatible ``/v1/models``, the model
-    served. Returns (model, its max_model_len in tokens or None when the server does not report it); the model is
-    the server's only one when `model` is None.
+    served. Returns (model, its max_model_len in tokens or None when the server does not report it, the engine
+    family its ``/v1/models`` names or None: `ds4deploy.engines.family_of_models`); the model is the server's only
+    one when `model` is None.
 
     Raises:
         UserError: one message per cause (exit 2).
@@ -58,8 +60,8 @@ def probe_server(url: str, key: str | None, model: str | None, timeout_s: float 
                         f"{url} wants an API key (HTTP {r.status_code}) and none was given",
                         "pass --key-file with the server's key file (VLLM_API_KEY=<key>)")
     try:
-        data = r.json()["data"] if r.status_code == 200 else None
-        served = {m["id"]: m.get("max_model_len") for m in data}
+        body = r.json() if r.status_code == 200 else None
+        served = {m["id"]: m.get("max_model_len") for m in body["data"]}
     except (ValueError, KeyError, TypeError):
         served = None
     if served is None:
@@ -75,7 +77,7 @@ def probe_server(url: str, key: str | None, model: str | None, timeout_s: float 
     if model not in served:
         raise UserError(f"{url} does not serve model '{model}' (it serves: {', '.join(served) or 'none'})",
                         "pass --model with one of those, or point --url at the recipe's server")
-    return model, served[model]
+    return model, served[model], family_of_models(body)
 
 
 def server_version(url: str, key: str | None) -> str:
@@ -85,18 +87,6 @@ def server_version(url: str, key: str | None) -> str:
         return f"vllm {r.json()['version']}" if r.status_code == 200 else "unknown"
     except (httpx.HTTPError, ValueError, KeyError, TypeError):
         return "unknown"
-
-
-def engine_family(url: str, key: str | None, recipe: Recipe | None) -> str:
-    """The engine family whose rules judge the matrix (`ds4deploy.conformance.engine_rules`): the recipe's
-    ``engine.family``, else what the server's ``/v1/models`` says (``owned_by``), else ``vllm``."""
-    if recipe is not None:
-        return recipe.engine.family
-    try:
-        r = httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"} if key else {}, timeout=30)
-        return family_of_models(r.json()) or "vllm"
-    except (httpx.HTTPError, ValueError, TypeError, AttributeError):
-        return "vllm"
 
 
 def bind_of(recipe: Recipe | None, url: str) -> tuple[bool | None, str]:
@@ -178,8 +168,9 @@ def run_conformance(ns: argparse.Namespace) -> int:
     key = read_key(recipe, ns.key_file) if (recipe is not None or ns.key_file) else None
     chosen = select(ns.only)
     shapes = load_shapes(Path(ns.shapes) if ns.shapes else None)
-    model, ctx_len = probe_server(url, key, ns.model or (recipe.model.served_name if recipe else None))
-    family = engine_family(url, key, recipe)
+    model, ctx_len, served_family = probe_server(url, key, ns.model or (recipe.model.served_name if recipe else None))
+    # The family whose rules judge the matrix: the recipe's, else what the server's /v1/models says, else vLLM's.
+    family = recipe.engine.family if recipe else served_family or "vllm"
     rules = engine_rules.rules_for(family)
     loopback, bind_source = bind_of(recipe, url)
     thinking = (recipe.benchmark if recipe else Benchmark()).thinking_kwargs
