@@ -93,6 +93,29 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
 _PATTERN_RULES = {NETDEV_RE: NETDEV_RULE, HCA_RE: HCA_RULE}
 
 
+def problem_lines(exc: ValidationError, doc: StrictYaml | None) -> list[str]:
+    """One line per schema problem of `exc`: ``  <key path> = <value> (line N): <message> (<what is allowed>)``,
+    the value left out for a missing key or a mapping/list, the line and the quoting advice for a value YAML read as
+    another type only when `doc` is the file validated (None: a variant's merged data, which has no lines). Used for
+    stack recipes (`_validated`) and gateway recipes (`ds4deploy.render.gateway.load_gateway`)."""
+    lines = []
+    for err in exc.errors():
+        shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
+        value = f" = {err.get('input')!r}" if shown else ""
+        allowed = _allowed(err)  # a validator's own message already says what is allowed: not twice
+        rule = _PATTERN_RULES.get((err.get("ctx") or {}).get("pattern", ""))
+        if rule:
+            err = {**err, "msg": f"not {rule}"}
+            allowed = err["msg"]
+        line = doc.line_of(err["loc"]) if doc is not None else None
+        at = f" (line {line})" if line else ""
+        text_wanted = doc is not None and shown and err["type"] == "string_type"
+        advice = quote_advice(doc, err["loc"], err.get("input")) if text_wanted else ""
+        lines.append(f"  {_fmt_loc(err['loc'])}{value}{at}: {err['msg']}"
+                     + (f" ({allowed})" if allowed != err["msg"] else "") + advice)
+    return lines
+
+
 def _validated(path: Path, doc: StrictYaml, data: dict, variant: str | None) -> Recipe:
     """`data` validated as a `Recipe` (the base recipe, or the one variant `variant` makes of it).
 
@@ -102,21 +125,7 @@ def _validated(path: Path, doc: StrictYaml, data: dict, variant: str | None) -> 
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
-            value = f" = {err.get('input')!r}" if shown else ""
-            allowed = _allowed(err)  # a validator's own message already says what is allowed: not twice
-            rule = _PATTERN_RULES.get((err.get("ctx") or {}).get("pattern", ""))
-            if rule:
-                err = {**err, "msg": f"not {rule}"}
-                allowed = err["msg"]
-            line = doc.line_of(err["loc"]) if variant is None else None
-            at = f" (line {line})" if line else ""
-            text_wanted = variant is None and shown and err["type"] == "string_type"
-            advice = quote_advice(doc, err["loc"], err.get("input")) if text_wanted else ""
-            lines.append(f"  {_fmt_loc(err['loc'])}{value}{at}: {err['msg']}"
-                         + (f" ({allowed})" if allowed != err["msg"] else "") + advice)
+        lines = problem_lines(exc, doc if variant is None else None)
         what = "the recipe" if variant is None else (
             f"variant '{variant}' (variants.{variant} sets these keys, checked exactly as the recipe's own)")
         raise UserError(

@@ -34,7 +34,7 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
-from ds4deploy.recipe.load import _allowed, _fmt_loc, load_recipe
+from ds4deploy.recipe.load import load_recipe, problem_lines
 from ds4deploy.recipe.schema import GatewayRecipe
 from ds4deploy.render import front_door
 from ds4deploy.render.compose import COMPOSE_DIR
@@ -89,14 +89,7 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
     try:
         gw = GatewayRecipe.model_validate(doc.data)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            shown = err["type"] != "missing" and not isinstance(err.get("input"), dict | list)
-            value = f" = {err.get('input')!r}" if shown else ""
-            line = doc.line_of(err["loc"])
-            allowed = _allowed(err)
-            lines.append(f"  {_fmt_loc(err['loc'])}{value}{f' (line {line})' if line else ''}: {err['msg']}"
-                         + (f" ({allowed})" if allowed != err["msg"] else ""))
+        lines = problem_lines(exc, doc)
         raise UserError(f"{path}: {len(lines)} problem(s) in the gateway recipe:\n" + "\n".join(lines),
                         f"edit {path} as listed above; recipes/gateways/office.yaml is a valid example") from None
     if gw.name != path.stem:
