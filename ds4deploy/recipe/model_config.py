@@ -29,12 +29,18 @@ NO_FACTOR_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The language model's keys of a ``config.json`` mapping: its ``text_config`` section where a multimodal config
+    keeps them there (transformers' composite configs), else the mapping itself."""
+    return config["text_config"] if isinstance(config.get("text_config"), dict) else config
+
+
 def native_context(config: dict[str, Any]) -> int | None:
     """The longest context (tokens) a model's ``config.json`` admits, or None when it names no length.
 
-    Multimodal configs keep the language model's keys under ``text_config``; that section wins when present.
+    Multimodal configs keep the language model's keys under ``text_config``; that section wins (`text_config`).
     """
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    cfg = text_config(config)
     lengths = [int(cfg[k]) for k in LENGTH_KEYS if isinstance(cfg.get(k), int | float)]
     if not lengths:
         return None
@@ -63,7 +69,7 @@ def dtype_problem(config: dict[str, Any], recipe_dtype: str, gpu_arch: str | Non
         gpu_arch: hardware.gpus.arch (None for CPU-only recipes).
         origin: named in the message.
     """
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    cfg = text_config(config)
     stored = cfg.get("torch_dtype") or cfg.get("dtype") or config.get("torch_dtype")
     if stored == "bfloat16" and recipe_dtype in ("float16", "half") and gpu_arch not in NO_BF16_ARCH:
         return (f"model.dtype {recipe_dtype} casts the bfloat16 checkpoint ({origin}) to float16 on hardware that "
@@ -80,7 +86,7 @@ def head_dim_problem(config: dict[str, Any], image_arch: str, origin: str) -> st
         image_arch: the recipe's engine.image.arch (``cpu``, ``sm70``, ...).
         origin: named in the message.
     """
-    cfg = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    cfg = text_config(config)
     head = cfg.get("head_dim")
     if head is None and cfg.get("hidden_size") and cfg.get("num_attention_heads"):
         head = cfg["hidden_size"] // cfg["num_attention_heads"]

@@ -34,6 +34,7 @@ from typing import Any
 import ds4deploy.plan.estimate.constants as C
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.yamlio import load_json
+from ds4deploy.recipe.model_config import text_config
 from ds4deploy.recipe.schema import Recipe
 
 GIB = 2**30
@@ -85,10 +86,6 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _text_config(cfg: dict) -> dict:
-    return cfg["text_config"] if isinstance(cfg.get("text_config"), dict) else cfg
-
-
 def _matches(card: dict, recipe: Recipe) -> bool:
     match, m = card.get("match", {}), recipe.model
     return bool((match.get("repo_id") and match["repo_id"] == m.repo_id)
@@ -125,11 +122,11 @@ def load_card(recipe: Recipe, models_dir: Path = MODELS_DIR) -> Card:
     # it from the GGUF for this architecture).
     for path in (local, Path(m.path) / "hf" / "config.json"):
         if path.is_file():
-            return Card(_text_config(_read_json(path)), str(path), *_card_quants(recipe, models_dir))
+            return Card(text_config(_read_json(path)), str(path), *_card_quants(recipe, models_dir))
     for path in sorted(models_dir.glob(CARD_GLOB)):
         card = _read_json(path)
         if _matches(card, recipe):
-            return Card(_text_config(card["config"]), f"model card {path.name}", card.get("experts_quant"),
+            return Card(text_config(card["config"]), f"model card {path.name}", card.get("experts_quant"),
                         card.get("other_quant"))
     raise UserError(f"recipe '{recipe.name}': no model config to read ({local} is not on this host and no model card "
                     f"in {models_dir} matches {m.repo_id or Path(m.path).name})",
@@ -334,7 +331,7 @@ def engine_kv_factors(profile: str = "vllm-dsv4") -> tuple[float, float]:
     two max_num_batched_tokens) with the DeepSeek-V4-Flash-0731 card."""
     acc = C.ENGINE_KV_ACCOUNTING[profile]
     path = MODELS_DIR / "model-card-deepseek-ai__DeepSeek-V4-Flash-0731.json"
-    card = Card(_text_config(_read_json(path)["config"]), path.name)
+    card = Card(text_config(_read_json(path)["config"]), path.name)
     per_ctx, per_flight, _ = dsv4_physical(card, "fp8_ds_mla")
     (l1, b1, g1), (_, b2, g2) = acc["published"]
     flight = (g2 - g1) * GIB / (b2 - b1)
