@@ -154,12 +154,14 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 	exit $$status
 
 # The rehearsal last: its stand-in engines are built FROM the cpu engine image that e2e's deploy builds.
-test: venv ## lint, unit, e2e (offline, multinode), test-hosts, rehearse: what CI runs; each tier's wall time at the end
+test: venv ## lint, unit, e2e (offline, multinode), llamacpp, e2e-llamacpp, test-hosts, rehearse: what CI runs; each tier's wall time at the end
 	@mkdir -p .cache && : > .cache/tier-times
 	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; \
 	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && \
 	  $(call TIER,unit) $(MAKE) --no-print-directory unit ENGINE_TESTS=deployed && \
 	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed && \
+	  $(MAKE) --no-print-directory llamacpp && \
+	  $(MAKE) --no-print-directory e2e-llamacpp-steps && \
 	  $(MAKE) --no-print-directory test-hosts && \
 	  $(MAKE) --no-print-directory rehearse RECIPE=cpu; } || rc=$$?; \
 	echo "== make test: wall time per tier =="; cat .cache/tier-times; \
