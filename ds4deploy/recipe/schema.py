@@ -1201,6 +1201,14 @@ class Recipe(Strict):
         ``<key_file without .env>.metrics.env``. It reaches /metrics through the front door and nothing else."""
         return self.key_file.removesuffix(".env") + ".metrics.env"
 
+    @property
+    def gateway_key_file(self) -> str:
+        """Where a gateway's key lives on the head when this deployment serves behind a gateway
+        (``DS4_GATEWAY_KEY=...``, mode 0600), beside the API key: ``<key_file without .env>.gateway.env``. Optional:
+        when present the front door accepts that key beside the API key (docs/gateway.md, "Backends"); the engine
+        keeps only its own key."""
+        return self.key_file.removesuffix(".env") + ".gateway.env"
+
 
 def whole_number(value: Any) -> int | None:
     """An engine argument's value as the engine's argparse reads it into an int: an int, or a string of digits

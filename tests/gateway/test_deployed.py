@@ -1,15 +1,18 @@
 """The gateway in front of real backends on this machine (`make e2e-gateway`; not part of `make test`).
 
-Three real llama-server containers (the cpu-llamacpp recipe's image and its tiny deepseek4 GGUF) stand for three
-deployments, each accepting only the gateway key: ``a`` and ``b`` serve ``office-tiny`` (the same model files),
-``c`` serves ``office-other``. A gateway recipe names them by URL; its render (the SMG router image built from
-images/gateway/ and the stacks' front door image) is started with `docker compose` from a temporary render
-directory, with the gateway key file and the people key file written for the test (mode 0600).
+Three real llama-server containers (the cpu-llamacpp recipe's image and its tiny deepseek4 GGUF), each behind the
+cpu-llamacpp recipe's rendered front door, stand for three deployments: each engine holds its own key, each front
+door accepts that key and the gateway's (from the backend's ``<key file>.gateway.env``); ``a`` and ``b`` serve
+``office-tiny`` (the same model files), ``c`` serves ``office-other``. A gateway recipe names them by URL; its
+render (the SMG router image built from images/gateway/ and the stacks' front door image) is started with `docker
+compose` from a temporary render directory, with the gateway key file and the people key file written for the test
+(mode 0600).
 
-Proven here: routing by model name, /v1/models listed once across backends, 12 sessions x 3 turns each kept on
-one backend with both backends used, per-person keys as Bearer and as x-api-key, the person's key never reaching a
-backend, a revoked key refused at once while the others keep working, one JSON log line per request naming the
-person (no key, no body), and `ds4deploy gateway usage` adding up to what the clients were answered.
+Proven here: backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
+listed once across backends, 12 sessions x 3 turns each kept on one backend with both backends used, per-person keys
+as Bearer and as x-api-key, the person's key never reaching a backend, a revoked key refused at once while the
+others keep working, one JSON log line per request naming the person (no key, no body), and `ds4deploy gateway
+usage` adding up to what the clients were answered.
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ import yaml
 from ds4deploy.build import gateway_image
 from ds4deploy.model.manifest import load_manifest
 from ds4deploy.recipe.load import load_recipe
-from ds4deploy.render import gateway
+from ds4deploy.render import compose as render
+from ds4deploy.render import front_door, gateway
 
 REPO = Path(__file__).resolve().parents[2]
+# Each backend's front door (what the gateway reaches) and the llama-server behind it (holding its own key only).
 BACKEND_PORTS = {"a": 18121, "b": 18122, "c": 18123}
+ENGINE_PORTS = {"a": 18124, "b": 18125, "c": 18126}
 BACKEND_MODEL = {"a": "office-tiny", "b": "office-tiny", "c": "office-other"}
 PORT, ROUTER_PORT, METRICS_PORT = 18130, 18131, 18132
 NAME = "gwtest"
@@ -87,20 +93,42 @@ def office(tmp_path_factory):
     if not gateway_image.image_exists(llama.image_ref):
         pytest.skip(f"no {llama.image_ref}: build it with `make llamacpp` or `make deploy RECIPE=cpu-llamacpp`")
     model_dir = _model_dir(tmp)
+    llama_door = render.render(llama).files[front_door.TEMPLATE_FILE]
     gguf = sorted(model_dir.glob("*00001-of-*.gguf"))
+    if not gateway_image.image_exists(front_door.IMAGE):
+        pytest.skip(f"no {front_door.IMAGE}: `make deploy RECIPE=cpu-llamacpp` builds it")
     gw_key = "ds4-" + secrets.token_hex(20)
+    own_keys = {b: f"ds4-own-{b}-" + secrets.token_hex(20) for b in BACKEND_PORTS}
     keys_dir = tmp / "backend-keys"
     keys_dir.mkdir()
-    _write_secret(keys_dir / "gateway.key", gw_key)
-    os.chmod(keys_dir / "gateway.key", 0o644)  # read by llama-server in its container
-    names = [f"ds4-gwtest-backend-{b}" for b in BACKEND_PORTS]
+    names = []
     for b, port in BACKEND_PORTS.items():
-        docker("rm", "-f", f"ds4-gwtest-backend-{b}", check=False)
-        docker("run", "-d", "--name", f"ds4-gwtest-backend-{b}", "--network", "host",
+        _write_secret(keys_dir / f"{b}.key", own_keys[b])
+        os.chmod(keys_dir / f"{b}.key", 0o644)  # read by llama-server in its container
+        # The backend's key files as its deploy leaves them: its own key, its metrics key and, because it serves
+        # behind the gateway, <key file>.gateway.env with the gateway's key.
+        envs = [_write_secret(tmp / f"{b}.env", f"VLLM_API_KEY={own_keys[b]}\n"),
+                _write_secret(tmp / f"{b}.metrics.env", f"DS4_METRICS_KEY=ds4m-{secrets.token_hex(20)}\n"),
+                _write_secret(tmp / f"{b}.gateway.env", f"DS4_GATEWAY_KEY={gw_key}\n")]
+        engine, door = f"ds4-gwtest-backend-{b}", f"ds4-gwtest-backend-{b}-front-door"
+        names += [engine, door]
+        docker("rm", "-f", engine, door, check=False)
+        docker("run", "-d", "--name", engine, "--network", "host",
                "-v", f"{model_dir}:/model:ro", "-v", f"{keys_dir}:/keys:ro", "--entrypoint", "/usr/bin/tini",
                llama.image_ref, "--", "llama-server", "-m", f"/model/{gguf[0].name}", "--host", "127.0.0.1",
-               "--port", str(port), "-a", BACKEND_MODEL[b], "-c", "4096", "-np", "4", "-n", "64", "-t", "1",
-               "-tb", "1", "-rea", "off", "--jinja", "--metrics", "--api-key-file", "/keys/gateway.key")
+               "--port", str(ENGINE_PORTS[b]), "-a", BACKEND_MODEL[b], "-c", "4096", "-np", "4", "-n", "64",
+               "-t", "1", "-tb", "1", "-rea", "off", "--jinja", "--metrics", "--api-key-file", f"/keys/{b}.key")
+        # The cpu-llamacpp recipe's rendered front door, moved to this backend's ports, run by the front door image
+        # with this tree's entrypoint (the image in the daemon may predate it), as the stack's compose runs it.
+        template = llama_door.replace(f"listen {front_door.listen(llama)};", f"listen 127.0.0.1:{port};")
+        template = template.replace(f"server {front_door.upstream(llama)};", f"server 127.0.0.1:{ENGINE_PORTS[b]};")
+        (tmp / f"{b}.conf.template").write_text(template)
+        docker("run", "-d", "--name", door, "--network", "host", "--read-only",
+               "--tmpfs", "/run", "--tmpfs", "/var/lib/nginx", "--tmpfs", "/var/log/nginx",
+               *[a for e in envs for a in ("--env-file", str(e))],
+               "-v", f"{tmp / f'{b}.conf.template'}:{front_door.CONTAINER_TEMPLATE}:ro",
+               "-v", f"{REPO / 'images' / 'proxy' / 'entrypoint.sh'}:/usr/local/bin/front-door:ro",
+               front_door.IMAGE)
     people_keys = {p: f"ds4p-{p}-" + secrets.token_urlsafe(30) for p in PEOPLE}
     people_file = _write_secret(tmp / "people", "".join(f"{p} {k}\n" for p, k in people_keys.items()))
     key_file = _write_secret(tmp / "gateway.env", f"VLLM_API_KEY={gw_key}\n")
@@ -132,7 +160,7 @@ def office(tmp_path_factory):
         assert up.returncode == 0, up.stdout + up.stderr + docker("logs", f"ds4-gw-{NAME}-router", check=False).stderr
         print(f"gateway up {time.monotonic() - t0:.0f} s after the test started")
         yield {"url": f"http://127.0.0.1:{PORT}", "keys": people_keys, "recipe": recipe_path,
-               "people_file": people_file, "gw_key": gw_key,
+               "people_file": people_file, "gw_key": gw_key, "own_keys": own_keys,
                "backend_url": {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}}
     finally:
         subprocess.run(["docker", "compose", "-f", str(compose), "down", "-v", "--timeout", "10"],
@@ -196,6 +224,30 @@ def test_keys_at_the_door(office) -> None:
     direct = httpx.get(f"{office['backend_url']['a']}/v1/models", timeout=10,
                        headers={"authorization": f"Bearer {office['keys']['alice']}"})
     assert direct.status_code == 401
+
+
+def test_backends_accept_their_own_key_and_the_gateways(office) -> None:
+    """Each backend's front door opens to its own key (direct use, as before the gateway) and to the gateway's key
+    (from its <key file>.gateway.env), as Bearer or x-api-key; another backend's key, a person's key and no key
+    are refused; the engine behind it knows its own key only (the gateway's key does not open it)."""
+    for b, url in office["backend_url"].items():
+        own = office["own_keys"][b]
+        for key in (own, office["gw_key"]):
+            for headers in ({"authorization": f"Bearer {key}"}, {"x-api-key": key}):
+                r = httpx.get(f"{url}/v1/models", headers=headers, timeout=10)
+                assert r.status_code == 200 and r.json()["data"][0]["id"] == BACKEND_MODEL[b], (b, r.text)
+        other = office["own_keys"]["c" if b != "c" else "a"]
+        for key in (office["keys"]["alice"], other):
+            for headers in ({"authorization": f"Bearer {key}"}, {"x-api-key": key}):
+                assert httpx.get(f"{url}/v1/models", headers=headers, timeout=10).status_code == 401, b
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+        engine = f"http://127.0.0.1:{ENGINE_PORTS[b]}/v1/models"
+        assert httpx.get(engine, headers={"authorization": f"Bearer {office['gw_key']}"}, timeout=10).status_code == 401
+        assert httpx.get(engine, headers={"authorization": f"Bearer {own}"}, timeout=10).status_code == 200
+    logs = "".join(docker("logs", f"ds4-gwtest-backend-{b}-front-door").stdout + docker(
+        "logs", f"ds4-gwtest-backend-{b}-front-door").stderr for b in office["backend_url"])
+    for key in (office["gw_key"], *office["own_keys"].values()):
+        assert key not in logs
 
 
 def test_revoked_key_is_refused_at_once(office) -> None:
@@ -262,7 +314,7 @@ def test_a_dead_backends_sessions_move_on(office) -> None:
         assert r.status_code == 200
         pins[s] = r.headers["x-smg-routed-worker-id"]
     assert set(pins.values()) == {a, b}, pins
-    docker("kill", "ds4-gwtest-backend-a")
+    docker("kill", "ds4-gwtest-backend-a-front-door", "ds4-gwtest-backend-a")  # the whole deployment goes down
     t0 = time.monotonic()
     for s, first in pins.items():
         r = chat(office, "alice", session=f"hand-{s}")
