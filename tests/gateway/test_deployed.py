@@ -1,9 +1,7 @@
 """The gateway in front of real backends on this machine (`make e2e-gateway`; not part of `make test`).
 
-Three real llama-server containers (the cpu-llamacpp recipe's image and its tiny deepseek4 GGUF), each behind the
-cpu-llamacpp recipe's rendered front door, stand for three deployments: each engine holds its own key, each front
-door accepts that key and the gateway's (from the backend's ``<key file>.gateway.env``); ``a`` and ``b`` serve
-``office-tiny`` (the same model files), ``c`` serves ``office-other``. A gateway recipe names them by URL; its
+The three real backends of tests/gateway/backends.py (llama-server behind the cpu-llamacpp recipe's rendered front
+door, each with its own key and the gateway's beside it). A gateway recipe names them by URL; its
 render (the SMG router image built from images/gateway/ and the stacks' front door image) is started with `docker
 compose` from a temporary render directory, with the gateway key file and the people key file written for the test
 (mode 0600).
@@ -18,15 +16,12 @@ usage` adding up to what the clients were answered.
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
@@ -35,104 +30,27 @@ import yaml
 from ds4deploy.build import gateway_image
 from ds4deploy.model.manifest import load_manifest
 from ds4deploy.recipe.load import load_recipe
-from ds4deploy.render import compose as render
-from ds4deploy.render import front_door, gateway
+from ds4deploy.render import gateway
+from tests.gateway.backends import BACKEND_MODEL, BACKEND_PORTS, ENGINE_PORTS, REPO, docker, write_secret
 
-REPO = Path(__file__).resolve().parents[2]
-# Each backend's front door (what the gateway reaches) and the llama-server behind it (holding its own key only).
-BACKEND_PORTS = {"a": 18121, "b": 18122, "c": 18123}
-ENGINE_PORTS = {"a": 18124, "b": 18125, "c": 18126}
-BACKEND_MODEL = {"a": "office-tiny", "b": "office-tiny", "c": "office-other"}
 PORT, ROUTER_PORT, METRICS_PORT = 18130, 18131, 18132
 NAME = "gwtest"
 PEOPLE = ("alice", "bob", "carol")
 
 
-def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
-
-
-def _model_dir(tmp: Path) -> Path:
-    """The cpu-llamacpp recipe's tiny GGUF, staged into `tmp` by the product's own `ds4deploy model stage`
-    (generated and verified against the committed manifest; about 5 s)."""
-    dest = tmp / "model"
-    subprocess.run([sys.executable, "-m", "ds4deploy.cli", "model", "stage", "cpu-llamacpp", "--dest", str(dest)],
-                   check=True, cwd=REPO, capture_output=True)
-    return dest
-
-
-def _write_secret(path: Path, text: str) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
-
-
-def _wait_http(url: str, timeout_s: float = 120) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer 200 within {timeout_s} s")
-
-
 @pytest.fixture(scope="module")
-def office(tmp_path_factory):
+def office(tmp_path_factory, office_backends):
     """The running gateway: yields a dict with its URL, the people's keys, the paths and the backends' URLs."""
-    if shutil.which("docker") is None or docker("info", check=False).returncode != 0:
-        pytest.skip("no Docker daemon: the gateway test runs real containers")
     tmp = tmp_path_factory.mktemp("gateway")
     t0 = time.monotonic()
     router_image = gateway_image.build()
     print(f"\ngateway image {router_image} ready in {time.monotonic() - t0:.0f} s")
     llama = load_recipe("cpu-llamacpp")
-    if not gateway_image.image_exists(llama.image_ref):
-        pytest.skip(f"no {llama.image_ref}: build it with `make llamacpp` or `make deploy RECIPE=cpu-llamacpp`")
-    model_dir = _model_dir(tmp)
-    llama_door = render.render(llama).files[front_door.TEMPLATE_FILE]
-    gguf = sorted(model_dir.glob("*00001-of-*.gguf"))
-    if not gateway_image.image_exists(front_door.IMAGE):
-        pytest.skip(f"no {front_door.IMAGE}: `make deploy RECIPE=cpu-llamacpp` builds it")
-    gw_key = "ds4-" + secrets.token_hex(20)
-    own_keys = {b: f"ds4-own-{b}-" + secrets.token_hex(20) for b in BACKEND_PORTS}
-    keys_dir = tmp / "backend-keys"
-    keys_dir.mkdir()
-    names = []
-    for b, port in BACKEND_PORTS.items():
-        _write_secret(keys_dir / f"{b}.key", own_keys[b])
-        os.chmod(keys_dir / f"{b}.key", 0o644)  # read by llama-server in its container
-        # The backend's key files as its deploy leaves them: its own key, its metrics key and, because it serves
-        # behind the gateway, <key file>.gateway.env with the gateway's key.
-        envs = [_write_secret(tmp / f"{b}.env", f"VLLM_API_KEY={own_keys[b]}\n"),
-                _write_secret(tmp / f"{b}.metrics.env", f"DS4_METRICS_KEY=ds4m-{secrets.token_hex(20)}\n"),
-                _write_secret(tmp / f"{b}.gateway.env", f"DS4_GATEWAY_KEY={gw_key}\n")]
-        engine, door = f"ds4-gwtest-backend-{b}", f"ds4-gwtest-backend-{b}-front-door"
-        names += [engine, door]
-        docker("rm", "-f", engine, door, check=False)
-        docker("run", "-d", "--name", engine, "--network", "host",
-               "-v", f"{model_dir}:/model:ro", "-v", f"{keys_dir}:/keys:ro", "--entrypoint", "/usr/bin/tini",
-               llama.image_ref, "--", "llama-server", "-m", f"/model/{gguf[0].name}", "--host", "127.0.0.1",
-               "--port", str(ENGINE_PORTS[b]), "-a", BACKEND_MODEL[b], "-c", "4096", "-np", "4", "-n", "64",
-               "-t", "1", "-tb", "1", "-rea", "off", "--jinja", "--metrics", "--api-key-file", f"/keys/{b}.key")
-        # The cpu-llamacpp recipe's rendered front door, moved to this backend's ports, run by the front door image
-        # with this tree's entrypoint (the image in the daemon may predate it), as the stack's compose runs it.
-        template = llama_door.replace(f"listen {front_door.listen(llama)};", f"listen 127.0.0.1:{port};")
-        template = template.replace(f"server {front_door.upstream(llama)};", f"server 127.0.0.1:{ENGINE_PORTS[b]};")
-        (tmp / f"{b}.conf.template").write_text(template)
-        docker("run", "-d", "--name", door, "--network", "host", "--read-only",
-               "--tmpfs", "/run", "--tmpfs", "/var/lib/nginx", "--tmpfs", "/var/log/nginx",
-               *[a for e in envs for a in ("--env-file", str(e))],
-               "-v", f"{tmp / f'{b}.conf.template'}:{front_door.CONTAINER_TEMPLATE}:ro",
-               "-v", f"{REPO / 'images' / 'proxy' / 'entrypoint.sh'}:/usr/local/bin/front-door:ro",
-               front_door.IMAGE)
+    gw_key, own_keys = office_backends["gw_key"], office_backends["own_keys"]
     people_keys = {p: f"ds4p-{p}-" + secrets.token_urlsafe(30) for p in PEOPLE}
-    people_file = _write_secret(tmp / "people", "".join(f"{p} {k}\n" for p, k in people_keys.items()))
-    key_file = _write_secret(tmp / "gateway.env", f"VLLM_API_KEY={gw_key}\n")
-    _write_secret(tmp / "gateway.metrics.env", "DS4_METRICS_KEY=ds4m-" + secrets.token_hex(20) + "\n")
+    people_file = write_secret(tmp / "people", "".join(f"{p} {k}\n" for p, k in people_keys.items()))
+    key_file = write_secret(tmp / "gateway.env", f"VLLM_API_KEY={gw_key}\n")
+    write_secret(tmp / "gateway.metrics.env", "DS4_METRICS_KEY=ds4m-" + secrets.token_hex(20) + "\n")
     ident = gateway.manifest_identity(load_manifest(llama)["files"])
     recipe = {
         "kind": "gateway", "name": NAME, "description": "test gateway over three llama-server backends",
@@ -149,8 +67,6 @@ def office(tmp_path_factory):
     render_root = tmp / "render"
     gateway.write(gw, gateway.render(gw), render_root)
     compose = render_root / NAME / "compose.yaml"
-    for port in BACKEND_PORTS.values():
-        _wait_http(f"http://127.0.0.1:{port}/health")
     p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", str(recipe_path)],
                        capture_output=True, text=True, check=True, cwd=REPO)
     assert "3 person(s)" in p.stdout
@@ -165,8 +81,6 @@ def office(tmp_path_factory):
     finally:
         subprocess.run(["docker", "compose", "-f", str(compose), "down", "-v", "--timeout", "10"],
                        capture_output=True, check=False)
-        for n in names:
-            docker("rm", "-f", n, check=False)
 
 
 def chat(office, person: str, model: str = "office-tiny", session: str | None = None, *,
