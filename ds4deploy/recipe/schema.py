@@ -1201,6 +1201,14 @@ class Recipe(Strict):
         ``<key_file without .env>.metrics.env``. It reaches /metrics through the front door and nothing else."""
         return self.key_file.removesuffix(".env") + ".metrics.env"
 
+    @property
+    def gateway_key_file(self) -> str:
+        """Where a gateway's key lives on the head when this deployment serves behind a gateway
+        (``DS4_GATEWAY_KEY=...``, mode 0600), beside the API key: ``<key_file without .env>.gateway.env``. Optional:
+        when present the front door accepts that key beside the API key (docs/gateway.md, "Backends"); the engine
+        keeps only its own key."""
+        return self.key_file.removesuffix(".env") + ".gateway.env"
+
 
 def whole_number(value: Any) -> int | None:
     """An engine argument's value as the engine's argparse reads it into an int: an int, or a string of digits
@@ -1272,11 +1280,13 @@ class GatewayPerson(Strict):
 class GatewayRouting(Strict):
     """How the gateway picks a backend for a request whose model several backends serve."""
 
-    router: Literal["smg"] = Field(
+    router: Literal["smg", "nginx"] = Field(
         default="smg",
         description="smg: SMG (Shepherd Model Gateway, PyPI smg, pinned in images/gateway/requirements.txt) routes "
-                    "by model name, reads each backend's load, and keeps a session on its backend (the nginx "
-                    "consistent-hashing fallback is not rendered yet: docs/gateway.md)")
+                    "by model name, reads each backend's load, and keeps a session on its backend. nginx: the "
+                    "fallback without a router process: the front door itself sends each session to one backend "
+                    "by consistent hashing of session_header and tries another before any byte was sent; it cannot "
+                    "read the model name from the body, so it serves one model name (docs/gateway.md)")
     policy: Literal["least_load", "power_of_two"] = Field(
         default="least_load",
         description="SMG --policy for a session's first request: a load-aware one. Not cache_aware (SMG's "
@@ -1292,6 +1302,14 @@ class GatewayRouting(Strict):
         description="seconds a session's backend stays pinned without a request (SMG --sticky-key-idle-secs; "
                     "SMG's default 14400)")
 
+    @model_validator(mode="after")
+    def _router_settings(self) -> GatewayRouting:
+        smg_only = sorted({"policy", "sticky_idle_s"} & self.model_fields_set)
+        if self.router == "nginx" and smg_only:
+            raise ValueError(f"{' and '.join(smg_only)} set SMG's routing; router nginx hashes session_header "
+                             "instead (a session keeps its backend while it lives): remove them")
+        return self
+
 
 class GatewayRecipe(Strict):
     """A gateway recipe: one URL and one key per person in front of several deployments (docs/gateway.md)."""
@@ -1303,11 +1321,14 @@ class GatewayRecipe(Strict):
         default="127.0.0.1", description="IPv4 address the gateway's front door listens on (an office LAN address "
                                          "to serve the office; 127.0.0.1 for loopback only)")
     port: int = Field(ge=1, le=65535, description="the front door's port: the one URL every client uses")
-    router_port: int = Field(
-        ge=1, le=65535, description="SMG's own port, on 127.0.0.1 only (host networking): only the front door "
-                                    "reaches it")
-    router_metrics_port: int = Field(
-        ge=1, le=65535, description="SMG's Prometheus port (--prometheus-port), on 127.0.0.1 only")
+    router_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="SMG's own port, on 127.0.0.1 only (host networking): only the front door reaches it (router "
+                    "smg; router nginx has none)")
+    router_metrics_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="SMG's Prometheus port (--prometheus-port), on 127.0.0.1 only (router smg; router nginx has "
+                    "none)")
     models: list[Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
         min_length=1, description="the model names the gateway serves; each must be served by at least one backend")
     fallback: dict[Annotated[str, Field(pattern=MODEL_NAME_RE)], Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
@@ -1342,8 +1363,14 @@ class GatewayRecipe(Strict):
         twice([b.name for b in self.backends], "backend")
         twice([p.name for p in self.people], "person")
         twice(list(self.models), "model")
-        ports = [self.port, self.router_port, self.router_metrics_port]
-        if len(set(ports)) != 3:
+        router_ports = [self.router_port, self.router_metrics_port]
+        if self.routing.router == "smg" and None in router_ports:
+            raise ValueError("router smg needs router_port and router_metrics_port (two free ports of the gateway "
+                             "host, on 127.0.0.1)")
+        if self.routing.router == "nginx" and router_ports != [None, None]:
+            raise ValueError("router nginx has no router process: remove router_port and router_metrics_port")
+        ports = [p for p in (self.port, *router_ports) if p is not None]
+        if len(set(ports)) != len(ports):
             raise ValueError(f"port, router_port and router_metrics_port must differ (got {ports})")
         for src, dst in self.fallback.items():
             if src not in self.models or dst not in self.models or src == dst:

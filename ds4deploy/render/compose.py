@@ -393,6 +393,7 @@ def render(recipe: Recipe) -> Rendered:
         "front_door": front_door.context(recipe) if recipe.serving.front_door is not None else None,
         "secrets_env": interp("DS4_SECRETS_ENV", default=recipe.key_file),
         "metrics_env": interp("DS4_METRICS_ENV", default=recipe.metrics_key_file),
+        "gateway_env": interp("DS4_GATEWAY_ENV", default=recipe.gateway_key_file),
         "model_volume": Interp(f"{interp('DS4_MODEL_DIR', default=recipe.model.path)}:{CONTAINER_MODEL_DIR}:ro"),
         "host_ip": interp("DS4_HOST_IP", required="set by the deploy"),
         "restart": restart_policy(recipe, nodes),

@@ -3,7 +3,9 @@
 `render.render` writes ``front-door.conf.template`` (from templates/front-door.conf.j2) for a recipe with
 ``serving.front_door``; the proxy image's entrypoint (images/proxy/entrypoint.sh) substitutes the key
 (``${VLLM_API_KEY}``, read from the recipe's key file through the compose env_file) into a private copy at container
-start, tests it with ``nginx -t`` and runs nginx. The committed render never holds the key.
+start, tests it with ``nginx -t`` and runs nginx. The committed render never holds the key. A deployment serving
+behind a gateway also accepts the gateway's key (``${DS4_GATEWAY_KEY}``, from ``Recipe.gateway_key_file`` when that
+file is present; the entrypoint drops its lines otherwise), so the gateway never needs the deployment's own key.
 
 The error bodies follow the API the route belongs to: Anthropic's shape for ``/v1/messages`` (Anthropic API docs,
 "Errors": ``{"type": "error", "error": {"type": ..., "message": ...}}``), OpenAI's for everything else (OpenAI API
@@ -167,7 +169,8 @@ def nginx_check(recipe: Recipe, conf: str) -> str | None:
         return NGINX_ABSENT
     with tempfile.TemporaryDirectory(prefix="ds4-nginx-t-") as d:
         tmp = Path(d)
-        text = conf.replace("${VLLM_API_KEY}", _PLACEHOLDER_KEY).replace("${DS4_METRICS_KEY}", _PLACEHOLDER_KEY + "m")
+        text = (conf.replace("${VLLM_API_KEY}", _PLACEHOLDER_KEY).replace("${DS4_METRICS_KEY}", _PLACEHOLDER_KEY + "m")
+                .replace("${DS4_GATEWAY_KEY}", _PLACEHOLDER_KEY + "g"))
         text = text.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
         text = re.sub(r"(?m)^(\s*server\s+)engine:(\d+);", r"\g<1>127.0.0.1:\2;", text)
         # nginx -t binds the listen sockets: the recipe's address may not exist here and its port may be taken (by

@@ -11,6 +11,10 @@ The gateway is two containers on the gateway host, both on host networking:
   ``x-api-key``, from maps written on the host from the people key file, never from the render), one JSON access
   log line per request naming the person, and the gateway key presented to the router.
 
+With ``routing.router: nginx`` there is no router container: the front door routes itself, with an nginx
+``upstream`` of the backends hashed on the session header (consistent hashing), another backend tried when one
+refuses or times out the connection, and one model name per gateway (nginx does not read the body).
+
 A gateway recipe never holds a key: the people key file (``<person> <key>`` lines, mode 0600) and the gateway key
 file live on the gateway host. Revoking a person is removing their line and running ``ds4deploy gateway keys``,
 which rewrites the maps and reloads nginx gracefully (open streams finish on the old workers).
@@ -96,6 +100,12 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
         raise UserError(f"{path}: gateway name '{gw.name}' differs from its file name '{path.stem}'",
                         f"set name: {path.stem}, or rename the file")
     gw._source = path
+    if gw.routing.router == "nginx" and len(gw.models) > 1:
+        raise UserError(f"{path}: routing.router nginx serves one model name, and models lists {len(gw.models)} "
+                        f"({', '.join(gw.models)}): nginx picks a backend before it reads the request body, so it "
+                        "cannot route by the body's model name",
+                        "list one model name in models (and only backends serving it), run one nginx gateway per "
+                        "model name on its own port, or set routing.router: smg, which routes by model name")
     resolve_backends(gw)
     return gw
 
@@ -154,6 +164,13 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
     for m in gw.models:
         if m not in by_model and not problems:
             problems.append(f"models lists '{m}', which no backend serves (served: {', '.join(sorted(by_model))})")
+    if gw.routing.router == "nginx" and not problems:
+        # nginx sends every request to the hashed backend without reading its body: each backend must serve it.
+        model = gw.models[0]
+        for be in out:
+            if model not in be.models:
+                problems.append(f"backend '{be.name}' does not serve '{model}' (it serves {', '.join(be.models)}), "
+                                "and router nginx sends every request to any backend")
     if problems:
         where = gw._source or gw.name
         raise UserError(f"{where}: " + "; ".join(problems),
@@ -280,9 +297,10 @@ def router_argv(gw: GatewayRecipe, backends: list[Backend]) -> list[str]:
             "--log-level", "warn"]
 
 
-def _front_door_conf(gw: GatewayRecipe) -> str:
+def _front_door_conf(gw: GatewayRecipe, backends: list[Backend]) -> str:
     """The gateway front door's nginx config template (``${VLLM_API_KEY}`` and ``${DS4_METRICS_KEY}`` substituted
-    by the front door image's entrypoint at start, as for every stack)."""
+    by the front door image's entrypoint at start, as for every stack). With ``routing.router: nginx`` the front
+    door is the router too: an ``upstream`` of every backend's ``host:port``, hashed on the session header."""
     from jinja2 import Environment, PackageLoader, StrictUndefined
 
     env = Environment(loader=PackageLoader("ds4deploy", "templates"), undefined=StrictUndefined,
@@ -290,18 +308,23 @@ def _front_door_conf(gw: GatewayRecipe) -> str:
     errors = {s: {"openai": front_door.error_body(s, "openai"), "anthropic": front_door.error_body(s, "anthropic"),
                   "status": front_door.CLIENT_STATUS.get(s, s)} for s in front_door.ERRORS}
     session_var = "$http_" + gw.routing.session_header.replace("-", "_")
+    nginx_router = gw.routing.router == "nginx"
     return env.get_template("gateway-front-door.conf.j2").render(
         gw=gw, listen=f"{gw.bind_address}:{gw.port}", router=f"127.0.0.1:{gw.router_port}",
+        nginx_router=nginx_router, backends=[b.url.removeprefix("http://") for b in backends],
+        backend_var="$upstream_addr" if nginx_router else "$upstream_http_x_smg_routed_worker_id",
         people_dir=CONTAINER_PEOPLE_DIR, session_var=session_var, errors=errors,
         anthropic_prefixes=front_door.ANTHROPIC_PREFIXES, request_errors=front_door.REQUEST_ERRORS)
 
 
 def render(gw: GatewayRecipe) -> dict[str, str]:
     """The files of ``compose/gateways/<name>/``: ``compose.yaml``, ``front-door.conf.template``,
-    ``router-args.json``. Holds no key (checked with the one secret detector)."""
+    ``router-args.json`` (SMG only; ``routing.router: nginx`` renders the front door alone, routing itself). Holds no
+    key (checked with the one secret detector)."""
     backends = resolve_backends(gw)
-    argv = router_argv(gw, backends)
-    conf = _front_door_conf(gw)
+    nginx_router = gw.routing.router == "nginx"
+    argv = [] if nginx_router else router_argv(gw, backends)
+    conf = _front_door_conf(gw, backends)
     conf_sha = hashlib.sha256(conf.encode()).hexdigest()
     log = {"driver": "json-file", "options": {"max-size": "50m", "max-file": "5"}}
     label = {"io.ds4deploy.gateway": gw.name}
@@ -345,14 +368,19 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
             },
         },
     }
+    if nginx_router:
+        # The front door routes itself: no router service to wait for.
+        del compose["services"]["router"]
+        del compose["services"]["front-door"]["depends_on"]
     head = (f"# Rendered by `ds4deploy gateway render {gw.name}` from recipes/gateways/{gw.name}.yaml. Do not edit "
             "by hand.\n# Keys: the gateway key file and the people maps on the gateway host, never here "
             "(docs/gateway.md).\n")
     files = {
         "compose.yaml": head + yaml.dump(compose, Dumper=_NoAliases, sort_keys=False, width=120),
         front_door.TEMPLATE_FILE: conf,
-        "router-args.json": json.dumps(argv, indent=2) + "\n",
     }
+    if not nginx_router:
+        files["router-args.json"] = json.dumps(argv, indent=2) + "\n"
     hits = find_secrets({name: text.splitlines() for name, text in files.items()})
     if hits:
         raise UserError(f"gateway '{gw.name}': the render would hold credentials: " + "; ".join(hits),

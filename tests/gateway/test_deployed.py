@@ -1,29 +1,27 @@
 """The gateway in front of real backends on this machine (`make e2e-gateway`; not part of `make test`).
 
-Three real llama-server containers (the cpu-llamacpp recipe's image and its tiny deepseek4 GGUF) stand for three
-deployments, each accepting only the gateway key: ``a`` and ``b`` serve ``office-tiny`` (the same model files),
-``c`` serves ``office-other``. A gateway recipe names them by URL; its render (the SMG router image built from
-images/gateway/ and the stacks' front door image) is started with `docker compose` from a temporary render
-directory, with the gateway key file and the people key file written for the test (mode 0600).
+The three real backends of tests/gateway/backends.py (llama-server behind the cpu-llamacpp recipe's rendered front
+door, each with its own key and the gateway's beside it). A gateway recipe names them by URL; its
+render (the SMG router image built from images/gateway/ and the stacks' front door image) is started with `docker
+compose` from a temporary render directory, with the gateway key file and the people key file written for the test
+(mode 0600).
 
-Proven here: routing by model name, /v1/models listed once across backends, 12 sessions x 3 turns each kept on
-one backend with both backends used, per-person keys as Bearer and as x-api-key, the person's key never reaching a
-backend, a revoked key refused at once while the others keep working, one JSON log line per request naming the
-person (no key, no body), and `ds4deploy gateway usage` adding up to what the clients were answered.
+Proven here: backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
+listed once across backends, 12 sessions x 3 turns each kept on one backend with both backends used, per-person keys
+as Bearer and as x-api-key, the person's key never reaching a backend, a revoked key refused at once while the
+others keep working, one JSON log line per request naming the person (no key, no body), and `ds4deploy gateway
+usage` adding up to what the clients were answered.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
-import shutil
 import subprocess
 import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import httpx
 import pytest
@@ -33,78 +31,26 @@ from ds4deploy.build import gateway_image
 from ds4deploy.model.manifest import load_manifest
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.render import gateway
+from tests.gateway.backends import BACKEND_MODEL, BACKEND_PORTS, ENGINE_PORTS, REPO, docker, write_secret
 
-REPO = Path(__file__).resolve().parents[2]
-BACKEND_PORTS = {"a": 18121, "b": 18122, "c": 18123}
-BACKEND_MODEL = {"a": "office-tiny", "b": "office-tiny", "c": "office-other"}
 PORT, ROUTER_PORT, METRICS_PORT = 18130, 18131, 18132
 NAME = "gwtest"
 PEOPLE = ("alice", "bob", "carol")
 
 
-def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
-
-
-def _model_dir(tmp: Path) -> Path:
-    """The cpu-llamacpp recipe's tiny GGUF, staged into `tmp` by the product's own `ds4deploy model stage`
-    (generated and verified against the committed manifest; about 5 s)."""
-    dest = tmp / "model"
-    subprocess.run([sys.executable, "-m", "ds4deploy.cli", "model", "stage", "cpu-llamacpp", "--dest", str(dest)],
-                   check=True, cwd=REPO, capture_output=True)
-    return dest
-
-
-def _write_secret(path: Path, text: str) -> Path:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    return path
-
-
-def _wait_http(url: str, timeout_s: float = 120) -> None:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer 200 within {timeout_s} s")
-
-
 @pytest.fixture(scope="module")
-def office(tmp_path_factory):
+def office(tmp_path_factory, office_backends):
     """The running gateway: yields a dict with its URL, the people's keys, the paths and the backends' URLs."""
-    if shutil.which("docker") is None or docker("info", check=False).returncode != 0:
-        pytest.skip("no Docker daemon: the gateway test runs real containers")
     tmp = tmp_path_factory.mktemp("gateway")
     t0 = time.monotonic()
     router_image = gateway_image.build()
     print(f"\ngateway image {router_image} ready in {time.monotonic() - t0:.0f} s")
     llama = load_recipe("cpu-llamacpp")
-    if not gateway_image.image_exists(llama.image_ref):
-        pytest.skip(f"no {llama.image_ref}: build it with `make llamacpp` or `make deploy RECIPE=cpu-llamacpp`")
-    model_dir = _model_dir(tmp)
-    gguf = sorted(model_dir.glob("*00001-of-*.gguf"))
-    gw_key = "ds4-" + secrets.token_hex(20)
-    keys_dir = tmp / "backend-keys"
-    keys_dir.mkdir()
-    _write_secret(keys_dir / "gateway.key", gw_key)
-    os.chmod(keys_dir / "gateway.key", 0o644)  # read by llama-server in its container
-    names = [f"ds4-gwtest-backend-{b}" for b in BACKEND_PORTS]
-    for b, port in BACKEND_PORTS.items():
-        docker("rm", "-f", f"ds4-gwtest-backend-{b}", check=False)
-        docker("run", "-d", "--name", f"ds4-gwtest-backend-{b}", "--network", "host",
-               "-v", f"{model_dir}:/model:ro", "-v", f"{keys_dir}:/keys:ro", "--entrypoint", "/usr/bin/tini",
-               llama.image_ref, "--", "llama-server", "-m", f"/model/{gguf[0].name}", "--host", "127.0.0.1",
-               "--port", str(port), "-a", BACKEND_MODEL[b], "-c", "4096", "-np", "4", "-n", "64", "-t", "1",
-               "-tb", "1", "-rea", "off", "--jinja", "--metrics", "--api-key-file", "/keys/gateway.key")
+    gw_key, own_keys = office_backends["gw_key"], office_backends["own_keys"]
     people_keys = {p: f"ds4p-{p}-" + secrets.token_urlsafe(30) for p in PEOPLE}
-    people_file = _write_secret(tmp / "people", "".join(f"{p} {k}\n" for p, k in people_keys.items()))
-    key_file = _write_secret(tmp / "gateway.env", f"VLLM_API_KEY={gw_key}\n")
-    _write_secret(tmp / "gateway.metrics.env", "DS4_METRICS_KEY=ds4m-" + secrets.token_hex(20) + "\n")
+    people_file = write_secret(tmp / "people", "".join(f"{p} {k}\n" for p, k in people_keys.items()))
+    key_file = write_secret(tmp / "gateway.env", f"VLLM_API_KEY={gw_key}\n")
+    write_secret(tmp / "gateway.metrics.env", "DS4_METRICS_KEY=ds4m-" + secrets.token_hex(20) + "\n")
     ident = gateway.manifest_identity(load_manifest(llama)["files"])
     recipe = {
         "kind": "gateway", "name": NAME, "description": "test gateway over three llama-server backends",
@@ -121,8 +67,6 @@ def office(tmp_path_factory):
     render_root = tmp / "render"
     gateway.write(gw, gateway.render(gw), render_root)
     compose = render_root / NAME / "compose.yaml"
-    for port in BACKEND_PORTS.values():
-        _wait_http(f"http://127.0.0.1:{port}/health")
     p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", str(recipe_path)],
                        capture_output=True, text=True, check=True, cwd=REPO)
     assert "3 person(s)" in p.stdout
@@ -132,13 +76,11 @@ def office(tmp_path_factory):
         assert up.returncode == 0, up.stdout + up.stderr + docker("logs", f"ds4-gw-{NAME}-router", check=False).stderr
         print(f"gateway up {time.monotonic() - t0:.0f} s after the test started")
         yield {"url": f"http://127.0.0.1:{PORT}", "keys": people_keys, "recipe": recipe_path,
-               "people_file": people_file, "gw_key": gw_key,
+               "people_file": people_file, "gw_key": gw_key, "own_keys": own_keys,
                "backend_url": {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}}
     finally:
         subprocess.run(["docker", "compose", "-f", str(compose), "down", "-v", "--timeout", "10"],
                        capture_output=True, check=False)
-        for n in names:
-            docker("rm", "-f", n, check=False)
 
 
 def chat(office, person: str, model: str = "office-tiny", session: str | None = None, *,
@@ -196,6 +138,30 @@ def test_keys_at_the_door(office) -> None:
     direct = httpx.get(f"{office['backend_url']['a']}/v1/models", timeout=10,
                        headers={"authorization": f"Bearer {office['keys']['alice']}"})
     assert direct.status_code == 401
+
+
+def test_backends_accept_their_own_key_and_the_gateways(office) -> None:
+    """Each backend's front door opens to its own key (direct use, as before the gateway) and to the gateway's key
+    (from its <key file>.gateway.env), as Bearer or x-api-key; another backend's key, a person's key and no key
+    are refused; the engine behind it knows its own key only (the gateway's key does not open it)."""
+    for b, url in office["backend_url"].items():
+        own = office["own_keys"][b]
+        for key in (own, office["gw_key"]):
+            for headers in ({"authorization": f"Bearer {key}"}, {"x-api-key": key}):
+                r = httpx.get(f"{url}/v1/models", headers=headers, timeout=10)
+                assert r.status_code == 200 and r.json()["data"][0]["id"] == BACKEND_MODEL[b], (b, r.text)
+        other = office["own_keys"]["c" if b != "c" else "a"]
+        for key in (office["keys"]["alice"], other):
+            for headers in ({"authorization": f"Bearer {key}"}, {"x-api-key": key}):
+                assert httpx.get(f"{url}/v1/models", headers=headers, timeout=10).status_code == 401, b
+        assert httpx.get(f"{url}/v1/models", timeout=10).status_code == 401
+        engine = f"http://127.0.0.1:{ENGINE_PORTS[b]}/v1/models"
+        assert httpx.get(engine, headers={"authorization": f"Bearer {office['gw_key']}"}, timeout=10).status_code == 401
+        assert httpx.get(engine, headers={"authorization": f"Bearer {own}"}, timeout=10).status_code == 200
+    logs = "".join(docker("logs", f"ds4-gwtest-backend-{b}-front-door").stdout + docker(
+        "logs", f"ds4-gwtest-backend-{b}-front-door").stderr for b in office["backend_url"])
+    for key in (office["gw_key"], *office["own_keys"].values()):
+        assert key not in logs
 
 
 def test_revoked_key_is_refused_at_once(office) -> None:
@@ -262,7 +228,7 @@ def test_a_dead_backends_sessions_move_on(office) -> None:
         assert r.status_code == 200
         pins[s] = r.headers["x-smg-routed-worker-id"]
     assert set(pins.values()) == {a, b}, pins
-    docker("kill", "ds4-gwtest-backend-a")
+    docker("kill", "ds4-gwtest-backend-a-front-door", "ds4-gwtest-backend-a")  # the whole deployment goes down
     t0 = time.monotonic()
     for s, first in pins.items():
         r = chat(office, "alice", session=f"hand-{s}")

@@ -204,3 +204,74 @@ def test_nginx_accepts_the_front_door_config(tmp_path: Path) -> None:
     p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c",
                         str(tmp_path / "nginx.conf")], capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr
+
+
+NGINX_OFFICE = REPO / "recipes" / "gateways" / "office-nginx.yaml"
+
+
+def office_nginx(tmp_path: Path, routing: dict | None = None, **changes) -> Path:
+    """A copy of the office-nginx gateway recipe with `changes` at the top level and `routing` merged into its
+    routing, as ``<tmp>/office-nginx.yaml``."""
+    data = yaml.safe_load(NGINX_OFFICE.read_text())
+    data.update(changes)
+    data["routing"].update(routing or {})
+    path = tmp_path / "office-nginx.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_the_nginx_router_renders_the_front_door_alone() -> None:
+    gw = gateway.load_gateway("office-nginx")
+    files = gateway.render(gw)
+    assert sorted(files) == ["compose.yaml", "front-door.conf.template"]
+    compose = yaml.safe_load(files["compose.yaml"])
+    assert list(compose["services"]) == ["front-door"] and "depends_on" not in compose["services"]["front-door"]
+    conf = files["front-door.conf.template"]
+    assert "hash $http_x_claude_code_session_id consistent;" in conf
+    assert "server box-a.office.lan:8020 max_fails=1 fail_timeout=10s;" in conf
+    # A POST is passed on only when it was never sent (no non_idempotent): no generation runs twice.
+    assert "        proxy_next_upstream error timeout;\n" in conf
+    assert 'proxy_set_header Authorization "Bearer ${VLLM_API_KEY}";' in conf and "proxy_buffering off;" in conf
+
+
+def test_the_nginx_router_serves_one_model_name(tmp_path: Path) -> None:
+    render_refused(office_nginx(tmp_path, models=["ds4-tiny", "other"]),
+                   "routing.router nginx serves one model name, and models lists 2 (ds4-tiny, other)",
+                   "routing.router: smg")
+    ident = cli("gateway", "model-id", "cpu-llamacpp").stdout.strip()
+    path = office_nginx(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
+                                            {"name": "c", "url": "http://10.0.0.9:8000", "models": ["other"],
+                                             "manifest_sha256": ident}])
+    render_refused(path, "backend 'c' does not serve 'ds4-tiny'")
+
+
+def test_router_settings_belong_to_their_router(tmp_path: Path) -> None:
+    render_refused(office_nginx(tmp_path, router_port=8035), "router nginx has no router process")
+    render_refused(office_nginx(tmp_path, routing={"policy": "least_load"}), "policy set SMG's routing")
+    render_refused(office(tmp_path, router_port=None), "router smg needs router_port and router_metrics_port")
+
+
+def test_nginx_accepts_the_nginx_router_config(tmp_path: Path) -> None:
+    """nginx's own parser on the office-nginx render (its backend host names moved to loopback: nginx resolves
+    upstream names when it loads the config, and box-a.office.lan resolves only in that office)."""
+    from ds4deploy.render.front_door import nginx_binary
+
+    nginx = nginx_binary()
+    if nginx is None:
+        pytest.skip("nginx is not installed here")
+    gw = gateway.load_gateway("office-nginx")
+    maps = gateway.write_people_maps(gw, {"alice": KEY_A}, tmp_path / "people")
+    text = gateway.render(gw)["front-door.conf.template"]
+    text = text.replace("server box-a.office.lan:", "server 127.0.0.1:").replace("server box-b.office.lan:",
+                                                                                 "server 127.0.0.2:")
+    text = text.replace("${VLLM_API_KEY}", "ds4-" + "g" * 40).replace("${DS4_METRICS_KEY}", "ds4m-" + "m" * 40)
+    text = text.replace(gateway.CONTAINER_PEOPLE_DIR, str(maps)).replace("pid /run/nginx.pid;", f"pid {tmp_path}/p;")
+    text = text.replace(f"listen 127.0.0.1:{gw.port};", f"listen unix:{tmp_path}/s.sock;")
+    text = text.replace("access_log /dev/stdout", f"access_log {tmp_path}/a.log")
+    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
+    assert "office.lan" not in text and "unix:" in text
+    (tmp_path / "nginx.conf").write_text(text)
+    p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c",
+                        str(tmp_path / "nginx.conf")], capture_output=True, text=True, check=False)
+    assert p.returncode == 0, p.stderr

@@ -29,6 +29,7 @@ from tests.unit.conftest import REPO
 
 KEY = "ds4-TestKey0123456789abcdefABCDEF"
 METRICS_KEY = "ds4m-MetricsKey0123456789abcdefABC"
+GATEWAY_KEY = "ds4-GatewayKey0123456789abcdefABCD"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 needs_nginx = pytest.mark.skipif(not Path(NGINX).is_file(), reason="nginx not installed (make unit installs it)")
 
@@ -40,10 +41,17 @@ def _free_port() -> int:
 
 
 def keyed(conf: str, listen: str, upstream: str, tmp: Path, recipe: str = "cpu") -> str:
-    """The rendered template of `recipe` as the entrypoint makes it (the key substituted), moved to local test
-    ports."""
-    out = conf.replace("${VLLM_API_KEY}", KEY).replace("${DS4_METRICS_KEY}", METRICS_KEY)
-    out = out.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
+    """The rendered template of `recipe` as the entrypoint makes it (the keys substituted: API, metrics and the
+    gateway key of a deployment serving behind a gateway), moved to local test ports."""
+    out = (conf.replace("${VLLM_API_KEY}", KEY).replace("${DS4_METRICS_KEY}", METRICS_KEY)
+           .replace("${DS4_GATEWAY_KEY}", GATEWAY_KEY))
+    return localized(out, listen, upstream, tmp, recipe)
+
+
+def localized(conf: str, listen: str, upstream: str, tmp: Path, recipe: str = "cpu") -> str:
+    """`conf` (a rendered template of `recipe`, keyed or not) moved to local test ports, its pid, logs and temp
+    paths into `tmp`."""
+    out = conf.replace("pid /run/nginx.pid;", f"pid {tmp}/nginx.pid;")
     out = out.replace("access_log /dev/stdout ds4 ", f"access_log {tmp}/access.log ds4 ")
     out = out.replace("error_log stderr warn;", f"error_log {tmp}/error.log warn;")
     for d in ("client_body", "proxy"):
@@ -404,6 +412,90 @@ def test_the_entrypoint_refuses_a_missing_unsafe_or_shared_metrics_key(tmp_path,
     p = _entrypoint(tmp_path, KEY, metrics_key)
     assert p.returncode == 2
     assert needle in p.stderr and "fix:" in p.stderr
+
+
+@pytest.mark.parametrize(("gateway_key", "needle"), [("ds4-gw;deny", "DS4_GATEWAY_KEY holds characters"),
+                                                     (KEY, "DS4_GATEWAY_KEY is this deployment's API key"),
+                                                     (METRICS_KEY, "DS4_GATEWAY_KEY is this deployment's API key")])
+def test_the_entrypoint_refuses_an_unsafe_or_shared_gateway_key(tmp_path, monkeypatch, gateway_key, needle):
+    monkeypatch.setenv("DS4_GATEWAY_KEY", gateway_key)
+    p = _entrypoint(tmp_path, KEY)
+    assert p.returncode == 2
+    assert needle in p.stderr and "fix:" in p.stderr and KEY not in p.stderr + p.stdout
+
+
+@contextlib.contextmanager
+def entrypoint_proxy(tmp: Path, gateway_key: str | None, recipe: str = "cpu-llamacpp"):
+    """The front door as its container starts it: the real images/proxy/entrypoint.sh on `recipe`'s rendered
+    template (moved to local ports and paths, its ${...} placeholders kept), the keys in the environment as the
+    compose env_files give them, `gateway_key` None as when no <key file>.gateway.env exists. Yields (base URL,
+    the config the entrypoint wrote)."""
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
+    threading.Thread(target=upstream.serve_forever, daemon=True).start()
+    port = _free_port()
+    template = tmp / "front-door.conf.template"
+    text = render.render(load_recipe(recipe)).files[front_door.TEMPLATE_FILE]
+    template.write_text(localized(text, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.server_port}", tmp, recipe))
+    conf = tmp / "run" / "nginx.conf"
+    env = {k: v for k, v in os.environ.items() if k not in ("VLLM_API_KEY", "DS4_METRICS_KEY", "DS4_GATEWAY_KEY")}
+    env.update({"VLLM_API_KEY": KEY, "DS4_METRICS_KEY": METRICS_KEY, "FRONT_DOOR_TEMPLATE": str(template),
+                "FRONT_DOOR_CONF": str(conf), "PATH": f"{env.get('PATH', '')}:{Path(NGINX).parent}"})
+    if gateway_key is not None:
+        env["DS4_GATEWAY_KEY"] = gateway_key
+    proc = subprocess.Popen(["bash", str(REPO / "images" / "proxy" / "entrypoint.sh")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(50):
+            try:
+                httpx.get(f"{url}/health", timeout=1)
+                break
+            except httpx.HTTPError:
+                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+                time.sleep(0.1)
+        yield url, conf
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
+
+
+@needs_nginx
+def test_a_backend_accepts_the_gateway_key_beside_its_own(tmp_path):
+    """Behind a gateway (<key file>.gateway.env present): the gateway's key and the deployment's own key both open
+    every keyed route, as Bearer or x-api-key; the engine gets the deployment's own key either way; any other key is
+    refused; the written config is the owner's alone and the template's placeholders are all gone."""
+    with entrypoint_proxy(tmp_path, GATEWAY_KEY) as (url, conf):
+        for key in (KEY, GATEWAY_KEY):
+            for headers in ({"Authorization": f"Bearer {key}"}, {"x-api-key": key}):
+                for path in ("/v1/chat/completions", "/v1/messages", "/metrics"):
+                    r = httpx.post(f"{url}{path}", json={}, headers=headers)
+                    assert r.status_code == 200, (path, headers)
+                    assert r.json()["authorization"] == f"Bearer {KEY}" and r.json()["x_api_key"] is None
+        for bad in ("ds4p-alice-" + "x" * 40, GATEWAY_KEY + "x", GATEWAY_KEY[:-1], "Bearer"):
+            assert httpx.post(f"{url}/v1/chat/completions", json={}, headers={"x-api-key": bad}).status_code == 401
+            assert httpx.post(f"{url}/v1/chat/completions", json={},
+                              headers={"Authorization": f"Bearer {bad}"}).status_code == 401
+        assert httpx.post(f"{url}/v1/chat/completions", json={}, headers={"x-api-key": ""}).status_code == 401
+        text = conf.read_text()
+        assert "${" not in text and text.count(GATEWAY_KEY) == 2
+        assert conf.stat().st_mode & 0o077 == 0
+
+
+@needs_nginx
+def test_without_a_gateway_key_file_only_the_own_key_opens(tmp_path):
+    """No <key file>.gateway.env (a deployment not behind a gateway): the entrypoint drops the gateway key's lines, so
+    neither an empty key nor the placeholder's text opens the door, and the own key still does."""
+    with entrypoint_proxy(tmp_path, None) as (url, conf):
+        assert httpx.post(f"{url}/v1/chat/completions", json={}, headers={"x-api-key": KEY}).status_code == 200
+        for bad in (GATEWAY_KEY, "${DS4_GATEWAY_KEY}", "{DS4_GATEWAY_KEY}"):
+            for headers in ({"x-api-key": bad}, {"Authorization": f"Bearer {bad}"}):
+                assert httpx.post(f"{url}/v1/chat/completions", json={}, headers=headers).status_code == 401, headers
+        assert httpx.post(f"{url}/v1/chat/completions", json={}, headers={"x-api-key": ""}).status_code == 401
+        text, template = conf.read_text(), (conf.parent.parent / "front-door.conf.template").read_text()
+        # Its two lines gone, not substituted empty (which would leave map entries for an empty key).
+        assert "DS4_GATEWAY_KEY" not in text and '"~^$"' not in text and '+$"' not in text
+        assert len(text.splitlines()) == len(template.splitlines()) - 2
 
 
 @needs_nginx
