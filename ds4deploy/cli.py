@@ -677,7 +677,6 @@ def cmd_gateway_render(ns: argparse.Namespace) -> int:
 def cmd_gateway_keys(ns: argparse.Namespace) -> int:
     """Check the people key file of a gateway and write the front door's people maps beside it; with --reload,
     reload the running front door gracefully (nginx -s reload: open streams finish, new requests see the maps)."""
-    import subprocess
 
     from ds4deploy.render import gateway
 
@@ -688,14 +687,12 @@ def cmd_gateway_keys(ns: argparse.Namespace) -> int:
     print(f"wrote the people maps of {len(keys)} person(s) into {dest}"
           + (f"; no key (refused at the door): {', '.join(missing)}" if missing else ""))
     if ns.reload:
+        from ds4deploy.operate import nginx_reload
+
         name = ns.container or gateway.front_door_container(gw)
-        p = subprocess.run(["docker", "exec", name, "nginx", "-s", "reload", "-c", "/run/front-door/nginx.conf"],
-                           capture_output=True, text=True, check=False)
-        if p.returncode != 0:
-            raise UserError(f"could not reload the front door {name}: {(p.stderr or p.stdout).strip()[-300:]}",
-                            "check it runs (`docker ps`); the maps are written, a restart of the container reads "
-                            "them too")
-        print(f"reloaded {name}")
+        nginx_reload.reload(name, "/run/front-door/nginx.conf")
+        print(f"reloaded {name}: its new workers hold the maps, the old ones accept nothing and finish what they "
+              "hold")
     return 0
 
 
