@@ -181,9 +181,8 @@ base-image: ## Debian bookworm base via debootstrap (no registry needed)
 # The llama.cpp family (tests/llamacpp): the llamacpp-cpu image (built once from the locked llama.cpp source, kept
 # under its derived tag afterwards), then each llama.cpp recipe's exact llama-server argv on a tiny deepseek4 GGUF in
 # the recipe's own file layout: load, both APIs, flag registry against --help; a planted wrong model path must fail.
-# Not part of `make test`: on the 2-core machine the image build took 460 s and the tests 10 s (2026-12-01), and
-# `make test` (57.9 minutes, 2026-12-02) has no room for them; the image is kept under its derived tag, so a second
-# run takes seconds.
+# Part of `make test` (after the cpu stack's tiers): on the 2-core machine the image build took 460 s (2026-12-01,
+# once: the image is kept under its derived tag) and the tests 15-18 s (2026-12-02).
 # tests/llamacpp/test_deployed.py runs only from `make e2e-llamacpp` (it needs the deployed stack).
 llamacpp: venv ## the llama.cpp family: llamacpp-cpu image from the locked source, every llama.cpp recipe's argv
 ## served by the real llama-server on a tiny same-layout deepseek4 GGUF (tests/llamacpp)
@@ -195,13 +194,12 @@ llamacpp: venv ## the llama.cpp family: llamacpp-cpu image from the locked sourc
 # and an Anthropic message through the front door with the key, `make status`, the supervisor's llama-server
 # readings, an incident folder, `ds4deploy conformance` judging the matrix by llama.cpp's rules and exiting 0, a
 # one-cell `ds4deploy bench run` reading llama-server's usage and timings), then `make down`. Runs beside the cpu
-# stack (ports 8020/8021). Not part of `make test` (the lead decides from its wall time): on the 2-core machine
-# 311 to 392 s in three passing runs (2026-12-01; deploy 66-89 s, tests 236-293 s of which the matrix 150-260 s,
-# down 9-19 s), 302 s on 2026-12-02 with the bench smoke (deploy 75 s, tests 218 s of which the matrix 177 s and
-# the bench 7 s, down 9 s) and 375 s after rebasing on main (deploy 85 s, tests 278 s, matrix 219 s, bench 10 s,
-# down 12 s), with the llamacpp-cpu image already built (its first build: 460 s, `make llamacpp`).
+# stack (ports 8020/8021). `make test` runs its steps (e2e-llamacpp-steps) after `make llamacpp`: on the 2-core
+# machine 302 to 392 s in passing runs (2026-12-01/02; deploy 64-89 s, tests 218-293 s of which the matrix 177-260
+# s, most of it the 36 Anthropic argument rows, which llama-server does not force to a tool call, so the tiny
+# random model writes their 1,024 tokens; bench 7-10 s; down 7-19 s), with the llamacpp-cpu image already built.
 LLAMACPP_INVENTORY := ansible/inventories/local.yml
-e2e-llamacpp: venv ## cpu-llamacpp: deploy, host and serving checks, conformance matrix, teardown (not in make test)
+e2e-llamacpp: venv ## cpu-llamacpp: deploy, host and serving checks, conformance matrix, teardown
 	@$(call TIER,e2e-llamacpp) $(MAKE) --no-print-directory e2e-llamacpp-steps
 
 e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the total

@@ -174,7 +174,7 @@ def index_markdown(recipes: list[Recipe] | None = None, predict: Callable[[Recip
         "KV cache holds of max_num_seqs (docs/estimator.md). *serves here*: deployed and tested on this "
         "project's CI machine by `make test`; *rehearsed here*: `make test` runs its real `make deploy` on stand-in "
         "nodes made on that machine, with only the hardware stood in (`make rehearse RECIPE=<name>`, "
-        "tests/rehearse); *engine check by hand*: `make llamacpp` (not part of `make test` yet) runs the recipe's "
+        "tests/rehearse); *argv served by the CPU engine here*: `make test` (`make llamacpp`) runs the recipe's "
         "exact llama-server argv in the real CPU engine on a tiny GGUF of the model's architecture and file layout "
         "(tests/llamacpp); *needs the "
         "hardware*: the steps are what an owner of that hardware still has to do, in order.",

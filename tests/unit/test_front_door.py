@@ -665,15 +665,17 @@ def test_the_committed_renders_are_host_networked_or_resolve_at_request_time():
 
 class ClosesIdle(Echo):
     """`Echo` that closes a connection idle for the engine's keep-alive (5 s: vLLM's uvicorn, llama-server's
-    cpp-httplib) and records, per connection, how it ended: "peer" (the proxy closed it) or "idle" (it timed out)."""
+    cpp-httplib) and records, per connection, how it ended: "peer" (the proxy closed it) or "idle" (it timed out),
+    when it was accepted and when it ended."""
 
     timeout = 5
-    ended: typing.ClassVar[list[tuple[str, float]]] = []
+    ended: typing.ClassVar[list[tuple[str, float, float]]] = []
 
     def handle(self) -> None:
         self.timed_out = False
+        accepted = time.monotonic()
         super().handle()
-        ClosesIdle.ended.append(("idle" if self.timed_out else "peer", time.monotonic()))
+        ClosesIdle.ended.append(("idle" if self.timed_out else "peer", accepted, time.monotonic()))
 
     def log_error(self, fmt: str, *args) -> None:
         # http.server reports its own idle timeout here ("Request timed out") and then closes the connection.
@@ -687,17 +689,21 @@ def test_the_proxy_reuses_no_engine_connection(tmp_path):
     every answer. Two requests reach the engine on two connections, each closed at its answer (HTTP/1.1, so the
     engine would keep it 5 s otherwise), never by the engine's idle timeout."""
     with running_proxy(tmp_path, handler=ClosesIdle) as (url, _):
-        ClosesIdle.ended.clear()  # the start-up wait's own connection
+        start = time.monotonic()  # the start-up wait's own engine connections were accepted before: not counted
         answered = []
         for _ in range(2):
             r = httpx.post(f"{url}/v1/completions", headers={"x-api-key": KEY}, json={"p": 1})
             assert r.status_code == 200
             answered.append(time.monotonic())
         deadline = answered[-1] + 2
-        while len(ClosesIdle.ended) < 2 and time.monotonic() < deadline:
+
+        def ours() -> list[tuple[str, float, float]]:
+            return [e for e in ClosesIdle.ended if e[1] >= start]
+
+        while len(ours()) < 2 and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert [how for how, _ in ClosesIdle.ended] == ["peer", "peer"], ClosesIdle.ended
-        assert all(when - t < 1 for (_, when), t in zip(ClosesIdle.ended, answered, strict=True)), (
+        assert [how for how, _, _ in ours()] == ["peer", "peer"], ClosesIdle.ended
+        assert all(when - t < 1 for (_, _, when), t in zip(ours(), answered, strict=True)), (
             ClosesIdle.ended, answered)
 
 
