@@ -19,6 +19,7 @@ import json
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -216,6 +217,111 @@ def _usage(office) -> dict[str, dict[str, int]]:
         if len(cols) >= 6 and cols[1].isdigit():
             out[cols[0]] = {"requests": int(cols[1]), "bytes_out": int(cols[4])}
     return out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ds4deploy.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          check=False)
+
+
+def _router_workers(office) -> dict[str, str]:
+    """url -> status of the router's pool, read from its control plane with the gateway key."""
+    r = httpx.get(f"http://127.0.0.1:{ROUTER_PORT}/workers", timeout=10,
+                  headers={"authorization": f"Bearer {office['gw_key']}"})
+    assert r.status_code == 200, r.text
+    return {w["url"].rstrip("/"): w.get("status") for w in r.json()["workers"]}
+
+
+def _stream(office, session: str, out: dict) -> None:
+    """A streamed chat answer of 900 tokens (the model's end of text ignored) on `session`; `out` gets the status,
+    the backend, the arrival time of every content chunk, the finish reason, whether [DONE] came and the usage."""
+    # alice: bob's key is revoked by an earlier test.
+    headers = {"authorization": f"Bearer {office['keys']['alice']}", "x-claude-code-session-id": session}
+    body = {"model": "office-tiny", "messages": [{"role": "user", "content": "a long answer please"}],
+            "max_tokens": 900, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    out.update(times=[], finish=None, done=False, usage=None)
+    with httpx.stream("POST", f"{office['url']}/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+        out["status"], out["backend"] = r.status_code, r.headers.get("x-smg-routed-worker-id")
+        out["head"] = []
+        for line in r.iter_lines():
+            if len(out["head"]) < 6:
+                out["head"].append(line[:300])
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] = True
+                continue
+            event = json.loads(line[6:])
+            out["usage"] = event.get("usage") or out["usage"]
+            for choice in event.get("choices") or []:
+                if choice.get("delta", {}).get("content"):
+                    out["times"].append(time.monotonic())
+                out["finish"] = choice.get("finish_reason") or out["finish"]
+
+
+def test_drain_moves_sessions_and_rejoin_brings_the_backend_back(office) -> None:
+    """`ds4deploy gateway drain` on backend a while three streams run on it: the streams finish whole, the next
+    turn of every session pinned to a is answered by b with no failed request, and a is out of the router's pool.
+    `ds4deploy gateway rejoin` puts a back as ready: new sessions reach it again, and sessions moved to b stay.
+    Bad input on the way: draining twice, rejoining a ready backend, draining the only backend of a model."""
+    a, b = office["backend_url"]["a"], office["backend_url"]["b"]
+    recipe = str(office["recipe"])
+    pins = {}
+    for s in range(12):
+        r = chat(office, "alice", session=f"drain-{s}")
+        assert r.status_code == 200, r.text
+        pins[s] = r.headers["x-smg-routed-worker-id"]
+    on_a = [s for s, w in pins.items() if w == a]
+    assert on_a and len(on_a) < 12, pins
+    streams = [{} for _ in on_a[:3]]
+    threads = [threading.Thread(target=_stream, args=(office, f"drain-{s}", out))
+               for s, out in zip(on_a[:3], streams, strict=True)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while not all(out.get("times") for out in streams) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(out.get("times") for out in streams), [(o.get("status"), o.get("head")) for o in streams]
+    t_drain = time.monotonic()
+    p = _cli("gateway", "drain", recipe, "a")
+    assert p.returncode == 0, p.stderr
+    assert "drained 'a'" in p.stdout and office["gw_key"] not in p.stdout + p.stderr
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        rs = list(pool.map(lambda s: chat(office, "alice", session=f"drain-{s}"), range(12)))
+    assert [r.status_code for r in rs] == [200] * 12, [r.text for r in rs if r.status_code != 200]
+    assert {r.headers["x-smg-routed-worker-id"] for r in rs} == {b}
+    for t in threads:
+        t.join(timeout=120)
+    for out in streams:
+        assert out["status"] == 200 and out["backend"] == a, out
+        assert out["done"] and out["finish"] == "length" and out["usage"]["completion_tokens"] == 900, out
+    after = sum(1 for out in streams for t in out["times"] if t > t_drain)
+    print(f"drain: {after} content chunks of the 3 streams arrived after the drain began; streams ended "
+          f"{max(out['times'][-1] for out in streams) - t_drain:.1f} s after it")
+    assert after > 0
+    assert a not in _router_workers(office) or _router_workers(office)[a] == "draining"
+    # Bad input, each refused with nothing changed: drained already; the only backend of office-other.
+    p = _cli("gateway", "drain", recipe, "a")
+    assert p.returncode == 2 and "is not in the router's pool" in p.stderr and "gateway rejoin" in p.stderr, p.stderr
+    p = _cli("gateway", "drain", recipe, "c")
+    assert p.returncode == 2 and "only ready backend of office-other" in p.stderr and "--force" in p.stderr, p.stderr
+    assert _router_workers(office)[office["backend_url"]["c"]] == "ready"
+    assert "Traceback" not in p.stderr
+
+    t0 = time.monotonic()
+    p = _cli("gateway", "rejoin", recipe, "a")
+    assert p.returncode == 0, p.stderr
+    assert "rejoined 'a'" in p.stdout and office["gw_key"] not in p.stdout + p.stderr
+    print(f"rejoin: {time.monotonic() - t0:.1f} s ({p.stdout.strip()})")
+    assert _router_workers(office)[a] == "ready"
+    p = _cli("gateway", "rejoin", recipe, "a")
+    assert p.returncode == 2 and "in the router's pool already (ready)" in p.stderr, p.stderr
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        fresh = list(pool.map(lambda s: chat(office, "carol", session=f"rejoin-{s}"), range(12)))
+        moved = list(pool.map(lambda s: chat(office, "alice", session=f"drain-{s}"), range(12)))
+    assert all(r.status_code == 200 for r in fresh + moved)
+    assert {r.headers["x-smg-routed-worker-id"] for r in fresh} == {a, b}
+    assert {r.headers["x-smg-routed-worker-id"] for r in moved} == {b}
 
 
 def test_a_dead_backends_sessions_move_on(office) -> None:
