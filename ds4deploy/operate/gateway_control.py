@@ -188,9 +188,11 @@ def drain(gw: GatewayRecipe, name: str, force: bool = False) -> str:
     router = Router(gw, read_gateway_key(gw))
     pool = router.workers()
     mine = next((w for w in pool if w.url == backend.url), None)
-    if mine is None:
+    if mine is None or mine.status == "draining":
+        why = ("draining out of it now" if mine else
+               "drained already, or removed by the router after failing its health checks")
         raise UserError(f"backend '{name}' ({backend.url}) is not in the router's pool of gateway '{gw.name}' "
-                        "(drained already, or removed by the router after failing its health checks)",
+                        f"({why})",
                         f"`ds4deploy gateway rejoin {gw._source or gw.name} {name}` adds it back")
     if not force:
         ready = {w.url for w in pool if w.status == "ready" and w.url != backend.url}
