@@ -188,7 +188,8 @@ def gateway_lines(gateways: list[GatewayRecipe]) -> list[str]:
     for gw in gateways:
         row = [f"[{gw.name}](gateways/{gw.name}.yaml)", _gateway_backends(gw),
                ", ".join(gw.models), str(len(gw.people)), f"{gw.bind_address}:{gw.port}",
-               f"{gw.routing.router} {gw.routing.policy}, sticky on {gw.routing.session_header}"]
+               (f"smg {gw.routing.policy}, sticky on {gw.routing.session_header}" if gw.routing.router == "smg"
+                else f"{gw.routing.router}, consistent hash on {gw.routing.session_header}")]
         lines.append("| " + " | ".join(_cell(c) for c in row) + " |")
     return lines
 
