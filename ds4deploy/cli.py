@@ -739,6 +739,25 @@ def cmd_gateway_usage(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway_drain(ns: argparse.Namespace) -> int:
+    """Take a backend out of a running gateway's pool (SMG's control plane, with the gateway key): its sessions'
+    next turns go to the other backends of its model; requests it is answering finish."""
+    from ds4deploy.operate.gateway_control import drain
+    from ds4deploy.render import gateway
+
+    print(drain(gateway.load_gateway(ns.gateway), ns.backend, force=ns.force))
+    return 0
+
+
+def cmd_gateway_rejoin(ns: argparse.Namespace) -> int:
+    """Add a drained (or restarted) backend back to a running gateway's pool and wait until it is ready."""
+    from ds4deploy.operate.gateway_control import rejoin
+    from ds4deploy.render import gateway
+
+    print(rejoin(gateway.load_gateway(ns.gateway), ns.backend))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every ds4deploy command."""
     p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
@@ -1044,7 +1063,8 @@ def build_parser() -> argparse.ArgumentParser:
     cr.add_argument("--width", type=int, default=160, help="table width in columns")
     cr.set_defaults(func=cmd_check_run)
 
-    gp = sub.add_parser("gateway", help="gateway recipes (recipes/gateways/): render, people keys, usage")
+    gp = sub.add_parser("gateway", help="gateway recipes (recipes/gateways/): render, people keys, usage, drain and "
+                        "rejoin a backend")
     gp = gp.add_subparsers(dest="sub", required=True)
     gr = gp.add_parser("render", help="render compose/gateways/<name>/ (all when none named)")
     gr.add_argument("gateways", nargs="*")
@@ -1065,6 +1085,16 @@ def build_parser() -> argparse.ArgumentParser:
     gu.add_argument("gateway")
     gu.add_argument("--log", help="an access log file ('-': stdin); default: docker logs of the front door")
     gu.set_defaults(func=cmd_gateway_usage)
+    gd = gp.add_parser("drain", help="take a backend out of the running gateway (maintenance): its sessions move to "
+                       "the other backends of its model, running requests finish (run on the gateway host)")
+    gd.add_argument("gateway")
+    gd.add_argument("backend", help="the backend's name in the gateway recipe")
+    gd.add_argument("--force", action="store_true", help="drain it even when it is the last ready backend of a model")
+    gd.set_defaults(func=cmd_gateway_drain)
+    gj = gp.add_parser("rejoin", help="add a drained backend back to the running gateway; waits until it is ready")
+    gj.add_argument("gateway")
+    gj.add_argument("backend", help="the backend's name in the gateway recipe")
+    gj.set_defaults(func=cmd_gateway_rejoin)
 
     fb = sub.add_parser("fabric", help="fabric helpers run on a node").add_subparsers(dest="sub", required=True)
     fg = fb.add_parser("gid-index", help="print the RoCE v2 GID index of a rail address on an HCA (this node)")

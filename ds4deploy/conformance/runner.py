@@ -126,7 +126,8 @@ def select(only: str | None) -> list[cases.Case]:
 
 def run_case(ctx: cases.Context, case: cases.Case, mode: cases.Mode) -> dict:
     """One case in one mode, timed. A client error (an HTTP error status through an SDK, a dropped connection, a
-    response the client cannot parse) is the case's ``fail``, with the error as evidence."""
+    response the client cannot parse, a stream an SDK helper cannot assemble) is the case's ``fail``, with the error
+    as evidence."""
     t0 = time.perf_counter()
     try:
         out = case.run(ctx, mode)
@@ -134,6 +135,13 @@ def run_case(ctx: cases.Context, case: cases.Case, mode: cases.Mode) -> dict:
         out = cases.Outcome(cases.FAIL, f"HTTP {exc.status_code}: {str(exc.message)[:240]}")
     except (openai.APIError, anthropic.APIError, httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
         out = cases.Outcome(cases.FAIL, f"{type(exc).__name__}: {str(exc)[:240]}")
+    except AssertionError as exc:
+        # The SDKs' stream helpers assert on events they need: anthropic's MessageStream.get_final_message asserts
+        # that a message_start came (anthropic/lib/streaming/_messages.py). A server that omits it fails the case;
+        # it must not end the run with a traceback.
+        out = cases.Outcome(cases.FAIL, "the client's stream helper could not build the message (AssertionError"
+                            f"{': ' + str(exc)[:160] if str(exc) else ''}): the stream lacked an event it needs, "
+                            "e.g. no message_start")
     return {"case": case.name, "api": case.api, "mode": mode.label, "verdict": out.verdict,
             "evidence": out.evidence, "seconds": round(time.perf_counter() - t0, 3)}
 

@@ -285,7 +285,8 @@ def _gateway_section() -> list[str]:
     gw_fields = list(fields(GatewayRecipe))
     out = ["", "# Gateway recipes", "",
            "A gateway recipe (`recipes/gateways/<name>.yaml`, `kind: gateway`) puts one URL and one key per person in "
-           "front of several deployments ([gateway.md](gateway.md)); `recipes/gateways/office.yaml` is the example.",
+           "front of several deployments ([gateway.md](gateway.md)); `recipes/gateways/office.yaml` is the example, "
+           "and the recipe index lists every gateway recipe ([recipes/README.md](../recipes/README.md#gateways)).",
            "", "## Gateway: top level", "", *GATEWAY_HEAD]
     out += [row(f) for f in gw_fields if "." not in f.path]
     for top in (f for f in gw_fields if "." not in f.path and _is_section(f)):

@@ -1,6 +1,6 @@
 """The backends the deployed gateway tests share (tests/gateway/conftest.py starts them once per run).
 
-Three real llama-server containers (the cpu-llamacpp recipe's image and its tiny deepseek4 GGUF), each behind the
+Three real llama-server containers (the cpu-llamacpp recipe's image, tiny deepseek4 GGUF and argv), each behind the
 cpu-llamacpp recipe's rendered front door, stand for three deployments: each engine holds its own key, each front
 door accepts that key and the gateway's (from the backend's ``<key file>.gateway.env``); ``a`` and ``b`` serve
 ``office-tiny`` (the same model files), ``c`` serves ``office-other``.
@@ -8,6 +8,7 @@ door accepts that key and the gateway's (from the backend's ``<key file>.gateway
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import subprocess
@@ -27,6 +28,16 @@ BACKEND_PORTS = {"a": 18121, "b": 18122, "c": 18123}
 ENGINE_PORTS = {"a": 18124, "b": 18125, "c": 18126}
 BACKEND_MODEL = {"a": "office-tiny", "b": "office-tiny", "c": "office-other"}
 
+
+
+def engine_args(port: int, model: str) -> list[str]:
+    """The cpu-llamacpp recipe's committed llama-server argv (compose/cpu-llamacpp/engine-args.json: the stack's
+    model file, context, slots, default output length, threads and flags, so the conformance matrix through the
+    gateway meets the engine the stack's own matrix met), listening on 127.0.0.1:`port` and serving `model`."""
+    argv = json.loads((REPO / "compose" / "cpu-llamacpp" / "engine-args.json").read_text())
+    for flag, value in (("--port", str(port)), ("-a", model), ("--host", "127.0.0.1")):
+        argv[argv.index(flag) + 1] = value
+    return argv
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     """`docker <args>`, output captured."""
@@ -76,7 +87,6 @@ def start(tmp: Path) -> dict:
     """
     llama = load_recipe("cpu-llamacpp")
     models = model_dir(tmp)
-    gguf = sorted(models.glob("*00001-of-*.gguf"))
     llama_door = render.render(llama).files[front_door.TEMPLATE_FILE]
     gw_key = "ds4-" + secrets.token_hex(20)
     own_keys = {b: f"ds4-own-{b}-" + secrets.token_hex(20) for b in BACKEND_PORTS}
@@ -96,9 +106,8 @@ def start(tmp: Path) -> dict:
         docker("rm", "-f", engine, door, check=False)
         docker("run", "-d", "--name", engine, "--network", "host",
                "-v", f"{models}:/model:ro", "-v", f"{keys_dir}:/keys:ro", "--entrypoint", "/usr/bin/tini",
-               llama.image_ref, "--", "llama-server", "-m", f"/model/{gguf[0].name}", "--host", "127.0.0.1",
-               "--port", str(ENGINE_PORTS[b]), "-a", BACKEND_MODEL[b], "-c", "4096", "-np", "4", "-n", "64",
-               "-t", "1", "-tb", "1", "-rea", "off", "--jinja", "--metrics", "--api-key-file", f"/keys/{b}.key")
+               llama.image_ref, "--", "llama-server", *engine_args(ENGINE_PORTS[b], BACKEND_MODEL[b]),
+               "--api-key-file", f"/keys/{b}.key")
         # The cpu-llamacpp recipe's rendered front door, moved to this backend's ports, run by the front door image
         # with this tree's entrypoint (the image in the daemon may predate it), as the stack's compose runs it.
         template = llama_door.replace(f"listen {front_door.listen(llama)};", f"listen 127.0.0.1:{port};")

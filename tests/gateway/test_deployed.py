@@ -9,8 +9,10 @@ compose` from a temporary render directory, with the gateway key file and the pe
 Proven here: backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
 listed once across backends, 12 sessions x 3 turns each kept on one backend with both backends used, per-person keys
 as Bearer and as x-api-key, the person's key never reaching a backend, a revoked key refused at once while the
-others keep working, one JSON log line per request naming the person (no key, no body), and `ds4deploy gateway
-usage` adding up to what the clients were answered.
+others keep working, one JSON log line per request naming the person (no key, no body), `ds4deploy gateway usage`
+adding up to what the clients were answered, the client conformance matrix through the door judged as on the
+cpu-llamacpp stack (the backends run that recipe's argv), `ds4deploy gateway drain` / `rejoin` with streams in
+flight, and a killed backend's sessions moving on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import json
 import secrets
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -28,6 +31,7 @@ import pytest
 import yaml
 
 from ds4deploy.build import gateway_image
+from ds4deploy.conformance import cases
 from ds4deploy.model.manifest import load_manifest
 from ds4deploy.operate import nginx_reload
 from ds4deploy.recipe.load import load_recipe
@@ -221,6 +225,157 @@ def _usage(office) -> dict[str, dict[str, int]]:
         if len(cols) >= 6 and cols[1].isdigit():
             out[cols[0]] = {"requests": int(cols[1]), "bytes_out": int(cols[4])}
     return out
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ds4deploy.cli", *args], capture_output=True, text=True, cwd=REPO,
+                          check=False)
+
+
+# The matrix's cases but the tool-argument fidelity ones (args.*, messages.args.*: 18 cases, 72 rows, three quarters
+# of the matrix's time here, each model-dependent on the tiny model: they measure what the model writes into a call's
+# arguments, which the gateway passes through as it passes every other tool field). The whole matrix through the
+# gateway once (2026-12-02): 248 s, 38 pass, 0 fail, as on the stack.
+MATRIX_CASES = [c.name for c in cases.CASES if not c.name.startswith(("args.", "messages.args."))]
+
+
+def test_conformance_matrix_through_the_gateway(office, tmp_path) -> None:
+    """`ds4deploy conformance` against the gateway's URL with a person's key, judged by the rules of the engine
+    family behind it (the backends run the cpu-llamacpp recipe's argv, so the recipe names the family): the CLI
+    fails no row, as on the cpu-llamacpp stack, and every row that passes in the stack's committed report
+    (docs/results/conformance/cpu-llamacpp/) passes through the gateway too."""
+    key_file = write_secret(tmp_path / "alice.env", f"VLLM_API_KEY={office['keys']['alice']}\n")
+    t0 = time.monotonic()
+    p = _cli("conformance", "cpu-llamacpp", "--url", office["url"], "--key-file", str(key_file), "--model",
+             "office-tiny", "--out", str(tmp_path / "report"), "--only", ",".join(MATRIX_CASES))
+    report_file = tmp_path / "report" / "conformance.json"
+    assert report_file.is_file(), p.stdout[-2000:] + p.stderr[-2000:]
+    report = json.loads(report_file.read_text())
+    print(f"conformance through the gateway: {time.monotonic() - t0:.0f} s, {report['counts']}")
+    assert report["engine_family"] == "llamacpp" and report["url"] == office["url"]
+    failed = [(r["case"], r["mode"], r["evidence"][:200]) for r in report["results"] if r["verdict"] == "fail"]
+    # llama-server itself (at the pinned commit) now and then opens a streamed /v1/messages answer without its
+    # message_start event (seen on a backend directly, without the gateway: 3 of 50 streams; through it 2 of 50).
+    # Such a row fails on the stack as it does here; any other failed row is the gateway's.
+    upstream = [f for f in failed if f[1].startswith("stream") and "message_start" in f[2]]
+    if upstream:
+        print(f"  failed by llama-server's missing message_start (not the gateway's): {upstream}")
+    others = [f for f in failed if f not in upstream]
+    assert p.returncode == (1 if upstream else 0) and not others, (p.returncode, others)
+    stack = json.loads((REPO / "docs" / "results" / "conformance" / "cpu-llamacpp" / "conformance.json").read_text())
+    here = {(r["case"], r["mode"]): r for r in report["results"]}
+    stack_rows = [r for r in stack["results"] if r["case"] in MATRIX_CASES]
+    assert set(here) == {(r["case"], r["mode"]) for r in stack_rows}
+    for r in stack_rows:
+        if here[r["case"], r["mode"]]["verdict"] != r["verdict"]:
+            print(f"  {r['case']} [{r['mode']}]: {r['verdict']} on the stack, {here[r['case'], r['mode']]['verdict']} "
+                  f"here: {here[r['case'], r['mode']]['evidence'][:200]}")
+    lost = [(r["case"], r["mode"], here[r["case"], r["mode"]]["verdict"], here[r["case"], r["mode"]]["evidence"][:160])
+            for r in stack_rows if r["verdict"] == "pass" and here[r["case"], r["mode"]]["verdict"] != "pass"
+            and (r["case"], r["mode"], here[r["case"], r["mode"]]["evidence"][:200]) not in upstream]
+    assert not lost, lost
+    assert office["keys"]["alice"] not in p.stdout + p.stderr + report_file.read_text()
+
+
+def _router_workers(office) -> dict[str, str]:
+    """url -> status of the router's pool, read from its control plane with the gateway key."""
+    r = httpx.get(f"http://127.0.0.1:{ROUTER_PORT}/workers", timeout=10,
+                  headers={"authorization": f"Bearer {office['gw_key']}"})
+    assert r.status_code == 200, r.text
+    return {w["url"].rstrip("/"): w.get("status") for w in r.json()["workers"]}
+
+
+def _stream(office, session: str, out: dict) -> None:
+    """A streamed chat answer of 900 tokens (the model's end of text ignored) on `session`; `out` gets the status,
+    the backend, the arrival time of every content chunk, the finish reason, whether [DONE] came and the usage."""
+    # alice: bob's key is revoked by an earlier test.
+    headers = {"authorization": f"Bearer {office['keys']['alice']}", "x-claude-code-session-id": session}
+    body = {"model": "office-tiny", "messages": [{"role": "user", "content": "a long answer please"}],
+            "max_tokens": 900, "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    out.update(times=[], finish=None, done=False, usage=None)
+    with httpx.stream("POST", f"{office['url']}/v1/chat/completions", json=body, headers=headers, timeout=120) as r:
+        out["status"], out["backend"] = r.status_code, r.headers.get("x-smg-routed-worker-id")
+        out["head"] = []
+        for line in r.iter_lines():
+            if len(out["head"]) < 6:
+                out["head"].append(line[:300])
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                out["done"] = True
+                continue
+            event = json.loads(line[6:])
+            out["usage"] = event.get("usage") or out["usage"]
+            for choice in event.get("choices") or []:
+                if choice.get("delta", {}).get("content"):
+                    out["times"].append(time.monotonic())
+                out["finish"] = choice.get("finish_reason") or out["finish"]
+
+
+def test_drain_moves_sessions_and_rejoin_brings_the_backend_back(office) -> None:
+    """`ds4deploy gateway drain` on backend a while two streams run on it: the streams finish whole, the next
+    turn of every session pinned to a is answered by b with no failed request, and a is out of the router's pool.
+    `ds4deploy gateway rejoin` puts a back as ready: new sessions reach it again, and sessions moved to b stay.
+    Bad input on the way: draining twice, rejoining a ready backend, draining the only backend of a model."""
+    a, b = office["backend_url"]["a"], office["backend_url"]["b"]
+    recipe = str(office["recipe"])
+    pins = {}
+    for s in range(12):
+        r = chat(office, "alice", session=f"drain-{s}")
+        assert r.status_code == 200, r.text
+        pins[s] = r.headers["x-smg-routed-worker-id"]
+    on_a = [s for s, w in pins.items() if w == a]
+    assert on_a and len(on_a) < 12, pins
+    # As many streams as the backend has slots (the recipe's max_num_seqs, llama-server's -np): all run at once.
+    streams = [{} for _ in on_a[:2]]
+    threads = [threading.Thread(target=_stream, args=(office, f"drain-{s}", out))
+               for s, out in zip(on_a[:2], streams, strict=True)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 30
+    while not all(out.get("times") for out in streams) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert all(out.get("times") for out in streams), [(o.get("status"), o.get("head")) for o in streams]
+    t_drain = time.monotonic()
+    p = _cli("gateway", "drain", recipe, "a")
+    assert p.returncode == 0, p.stderr
+    assert "drained 'a'" in p.stdout and office["gw_key"] not in p.stdout + p.stderr
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        rs = list(pool.map(lambda s: chat(office, "alice", session=f"drain-{s}"), range(12)))
+    assert [r.status_code for r in rs] == [200] * 12, [r.text for r in rs if r.status_code != 200]
+    assert {r.headers["x-smg-routed-worker-id"] for r in rs} == {b}
+    for t in threads:
+        t.join(timeout=120)
+    for out in streams:
+        assert out["status"] == 200 and out["backend"] == a, out
+        assert out["done"] and out["finish"] == "length" and out["usage"]["completion_tokens"] == 900, out
+    after = sum(1 for out in streams for t in out["times"] if t > t_drain)
+    print(f"drain: {after} content chunks of the {len(streams)} streams arrived after the drain began; streams ended "
+          f"{max(out['times'][-1] for out in streams) - t_drain:.1f} s after it")
+    assert after > 0
+    assert a not in _router_workers(office) or _router_workers(office)[a] == "draining"
+    # Bad input, each refused with nothing changed: drained already; the only backend of office-other.
+    p = _cli("gateway", "drain", recipe, "a")
+    assert p.returncode == 2 and "is not in the router's pool" in p.stderr and "gateway rejoin" in p.stderr, p.stderr
+    p = _cli("gateway", "drain", recipe, "c")
+    assert p.returncode == 2 and "only ready backend of office-other" in p.stderr and "--force" in p.stderr, p.stderr
+    assert _router_workers(office)[office["backend_url"]["c"]] == "ready"
+    assert "Traceback" not in p.stderr
+
+    t0 = time.monotonic()
+    p = _cli("gateway", "rejoin", recipe, "a")
+    assert p.returncode == 0, p.stderr
+    assert "rejoined 'a'" in p.stdout and office["gw_key"] not in p.stdout + p.stderr
+    print(f"rejoin: {time.monotonic() - t0:.1f} s ({p.stdout.strip()})")
+    assert _router_workers(office)[a] == "ready"
+    p = _cli("gateway", "rejoin", recipe, "a")
+    assert p.returncode == 2 and "in the router's pool already (ready)" in p.stderr, p.stderr
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        fresh = list(pool.map(lambda s: chat(office, "carol", session=f"rejoin-{s}"), range(12)))
+        moved = list(pool.map(lambda s: chat(office, "alice", session=f"drain-{s}"), range(12)))
+    assert all(r.status_code == 200 for r in fresh + moved)
+    assert {r.headers["x-smg-routed-worker-id"] for r in fresh} == {a, b}
+    assert {r.headers["x-smg-routed-worker-id"] for r in moved} == {b}
 
 
 def test_a_dead_backends_sessions_move_on(office) -> None:

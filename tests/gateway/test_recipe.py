@@ -275,3 +275,33 @@ def test_nginx_accepts_the_nginx_router_config(tmp_path: Path) -> None:
     p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c",
                         str(tmp_path / "nginx.conf")], capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_drain_and_rejoin_refuse_bad_input_before_anything_changes(tmp_path: Path) -> None:
+    """An unknown backend, a missing or open key file and a gateway that is not running: one message each, exit 2,
+    no key printed. (Draining and rejoining a running gateway: tests/gateway/test_deployed.py.)"""
+    key = "ds4-" + "k" * 40
+    key_file = tmp_path / "gateway.env"
+    port = _free_port()
+    path = office(tmp_path, key_file=str(key_file), router_port=port)
+    for verb in ("drain", "rejoin"):
+        refused(cli("gateway", verb, str(path), "box-c"), "gateway 'office' has no backend 'box-c'",
+                "its backends: box-a, box-b")
+        refused(cli("gateway", verb, str(path), "box-a"), f"the API key file {key_file} does not exist")
+    key_file.write_text(f"VLLM_API_KEY={key}\n")
+    key_file.chmod(0o644)
+    refused(cli("gateway", "drain", str(path), "box-a"), "has mode 0644", f"chmod 0600 {key_file}")
+    key_file.chmod(0o600)
+    for verb in ("drain", "rejoin"):
+        p = cli("gateway", verb, str(path), "box-a")
+        refused(p, f"the router of gateway 'office' does not answer at http://127.0.0.1:{port}",
+                "is the gateway running on this host?", "compose/gateways/office/compose.yaml")
+        assert key not in p.stderr + p.stdout

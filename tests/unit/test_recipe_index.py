@@ -45,3 +45,25 @@ def test_owner_steps_follow_what_is_committed_and_check_fails_when_stale(recipe_
     assert p.returncode == 1 and "README.md is stale" in p.stderr and "ds4deploy recipe index" in p.stderr
     assert "Traceback" not in p.stderr
     assert f"ds4deploy model lock {name}" not in recipe_index.index_markdown(predict=index_cell)
+
+
+def test_every_gateway_recipe_has_a_row():
+    text = (REPO / "recipes" / "README.md").read_text(encoding="utf-8")
+    gateways = sorted((REPO / "recipes" / "gateways").glob("*.yaml"))
+    assert gateways
+    for p in gateways:
+        assert f"| [{p.stem}](gateways/{p.name}) | " in text
+    # office.yaml: two cpu-llamacpp hosts, their URLs derived from the recipe's serving.port, three people.
+    assert ("| box-a: [cpu-llamacpp](cpu-llamacpp.yaml) at http://box-a.office.lan:8020; box-b: "
+            "[cpu-llamacpp](cpu-llamacpp.yaml) at http://box-b.office.lan:8020 | ds4-tiny | 3 | 127.0.0.1:8030 |"
+            in text)
+
+
+def test_a_refused_gateway_recipe_stops_the_index_and_writes_nothing(recipe_dir):
+    (recipe_dir / "gateways").mkdir()
+    gw = (REPO / "recipes" / "gateways" / "office.yaml").read_text().replace("recipe: cpu-llamacpp", "recipe: nosuch")
+    (recipe_dir / "gateways" / "office.yaml").write_text(gw)
+    p = run_cli("recipe", "index", env_dir=recipe_dir)
+    assert p.returncode == 2 and "names recipe 'nosuch', which does not exist" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (recipe_dir / "README.md").exists()
