@@ -98,6 +98,18 @@ def chat(office, person: str, model: str = "office-tiny", session: str | None = 
     return httpx.post(f"{office['url']}/v1/chat/completions", json=body, headers=headers, timeout=120)
 
 
+def test_the_router_s_own_routes_are_closed_to_people(office) -> None:
+    """A person's key opens the client APIs only: the router's worker API (which the door would call with the gateway
+    key, letting anyone drain or add backends) and its other routes answer 404 at the door; the router itself, on
+    loopback, still answers `ds4deploy gateway drain` with the gateway key."""
+    alice = {"x-api-key": office["keys"]["alice"]}
+    for method, path in (("GET", "/workers"), ("POST", "/workers"), ("GET", "/get_loads"), ("POST", "/flush_cache"),
+                         ("GET", "/list_workers"), ("GET", "/")):
+        r = httpx.request(method, f"{office['url']}{path}", headers=alice, json={}, timeout=30)
+        assert r.status_code == 404, (method, path, r.status_code, r.text[:200])
+    assert httpx.get(f"{office['url']}/v1/models", headers=alice, timeout=30).status_code == 200
+
+
 def test_models_listed_once_across_backends(office) -> None:
     r = httpx.get(f"{office['url']}/v1/models", headers={"x-api-key": office["keys"]["alice"]}, timeout=30)
     assert r.status_code == 200, r.text
@@ -247,21 +259,20 @@ def test_conformance_matrix_through_the_gateway(office, tmp_path) -> None:
     key_file = write_secret(tmp_path / "alice.env", f"VLLM_API_KEY={office['keys']['alice']}\n")
     t0 = time.monotonic()
     p = _cli("conformance", "cpu-llamacpp", "--url", office["url"], "--key-file", str(key_file), "--model",
-             "office-tiny", "--out", str(tmp_path / "report"), "--only", ",".join(MATRIX_CASES))
+             "office-tiny", "--out", str(tmp_path / "report"), "--only", ",".join(MATRIX_CASES),
+             # One session, as Claude Code keeps one: every request on one backend (a seeded answer repeated on the
+             # other backend may differ: each llama-server's prompt cache and batches are its own).
+             "--header", f"x-claude-code-session-id: matrix-{secrets.token_hex(4)}")
     report_file = tmp_path / "report" / "conformance.json"
     assert report_file.is_file(), p.stdout[-2000:] + p.stderr[-2000:]
     report = json.loads(report_file.read_text())
     print(f"conformance through the gateway: {time.monotonic() - t0:.0f} s, {report['counts']}")
     assert report["engine_family"] == "llamacpp" and report["url"] == office["url"]
     failed = [(r["case"], r["mode"], r["evidence"][:200]) for r in report["results"] if r["verdict"] == "fail"]
-    # llama-server itself (at the pinned commit) now and then opens a streamed /v1/messages answer without its
-    # message_start event (seen on a backend directly, without the gateway: 3 of 50 streams; through it 2 of 50).
-    # Such a row fails on the stack as it does here; any other failed row is the gateway's.
-    upstream = [f for f in failed if f[1].startswith("stream") and "message_start" in f[2]]
-    if upstream:
-        print(f"  failed by llama-server's missing message_start (not the gateway's): {upstream}")
-    others = [f for f in failed if f not in upstream]
-    assert p.returncode == (1 if upstream else 0) and not others, (p.returncode, others)
+    # A streamed /v1/messages answer that llama-server opened without message_start (its first token held back
+    # inside a UTF-8 character: 3 of 50 streams on a backend directly, 2 of 50 through the gateway) is the llama.cpp
+    # family's named finding (engine_rules "stream-without-message-start"), not a failed row.
+    assert p.returncode == 0 and not failed, (p.returncode, failed)
     stack = json.loads((REPO / "docs" / "results" / "conformance" / "cpu-llamacpp" / "conformance.json").read_text())
     here = {(r["case"], r["mode"]): r for r in report["results"]}
     stack_rows = [r for r in stack["results"] if r["case"] in MATRIX_CASES]
@@ -272,7 +283,7 @@ def test_conformance_matrix_through_the_gateway(office, tmp_path) -> None:
                   f"here: {here[r['case'], r['mode']]['evidence'][:200]}")
     lost = [(r["case"], r["mode"], here[r["case"], r["mode"]]["verdict"], here[r["case"], r["mode"]]["evidence"][:160])
             for r in stack_rows if r["verdict"] == "pass" and here[r["case"], r["mode"]]["verdict"] != "pass"
-            and (r["case"], r["mode"], here[r["case"], r["mode"]]["evidence"][:200]) not in upstream]
+            and here[r["case"], r["mode"]].get("rule") != "stream-without-message-start"]
     assert not lost, lost
     assert office["keys"]["alice"] not in p.stdout + p.stderr + report_file.read_text()
 
