@@ -122,6 +122,8 @@ class Context:
         bind_source: where `bind_loopback` came from, for the evidence.
         shapes: recorded request shapes to replay (`ds4deploy.conformance.record.Shape`).
         memo: results of earlier modes (the non-streamed answer a streamed one must equal).
+        headers: sent with every request of the SDK clients and `http` besides the key (``--header``: a gateway's
+            session header keeps the whole matrix on one backend, as one Claude Code session is kept).
     """
 
     url: str
@@ -134,14 +136,15 @@ class Context:
     shapes: list = field(default_factory=list)
     timeout_s: float = 120.0
     memo: dict = field(default_factory=dict)
+    headers: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.oai = openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.key or "none", timeout=self.timeout_s,
-                                 max_retries=0)
+                                 max_retries=0, default_headers=self.headers or None)
         # Bearer (auth_token), as vLLM checks it; api_key would send x-api-key, which vLLM refuses.
         self.anth = anthropic.Anthropic(base_url=self.url, api_key=None, auth_token=self.key or "none",
-                                        timeout=self.timeout_s, max_retries=0)
-        self.http = httpx.Client(base_url=self.url, headers=self.auth(), timeout=self.timeout_s)
+                                        timeout=self.timeout_s, max_retries=0, default_headers=self.headers or None)
+        self.http = httpx.Client(base_url=self.url, headers={**self.headers, **self.auth()}, timeout=self.timeout_s)
 
     def auth(self) -> dict[str, str]:
         """The bearer header of the key (empty without a key)."""

@@ -180,6 +180,21 @@ LLAMACPP = FamilyRules(
                    "in content: a streaming client sees reasoning the final message lacks",
              source="measured on cpu-llamacpp, 2026-12-02 (tests/unit/fixtures/conformance/"
                     "llamacpp-0c1e570-cpu-rows.json); not traced to a line of the source"),
+        Rule(name="stream-without-message-start",
+             cases=("messages.", "replay.anthropic"),
+             modes=("stream", "stream+no-think", "stream+think"),
+             # the evidence ds4deploy.conformance.runner.run_case gives an AssertionError of the SDK's stream helper
+             problem=re.compile(r"the client's stream helper could not build the message \(AssertionError[^)]*\): "
+                                r"the stream lacked an event it needs, e\.g\. no message_start"),
+             verdict=FINDING,
+             cause="llama-server sends message_start only with the partial result of the first generated token; "
+                   "when that token ends inside a UTF-8 character the partial is held back, so the stream starts "
+                   "without message_start and the Anthropic SDK's stream helper (Claude Code's) cannot build the "
+                   "message. Seen with the tiny random model's byte tokens; a real model's first token can end "
+                   "inside a character too (byte-level BPE)",
+             source="tools/server/server-task.cpp server_task_result_cmpl_partial::to_json_anthropic "
+                    "(first = n_decoded == 1); tools/server/server-context.cpp process_token (no partial while the "
+                    "text ends in an incomplete UTF-8 character)"),
         Rule(name="tokenize-content-only",
              cases=("replay.openai.prompt",),
              problem=re.compile(rf"(?:replay\.openai\.prompt: )?the [\w-]+ result \({REPR}\) is not in the prompt"),

@@ -162,6 +162,30 @@ def _slug(url: str) -> str:
     return re.sub(r"[^A-Za-z0-9.-]+", "-", urlsplit(url).netloc).strip("-")
 
 
+# Headers the key options own: a key given as a header would bypass --key-file's checks and land in shell history.
+KEY_HEADERS = ("authorization", "x-api-key")
+
+
+def parse_headers(values: list[str]) -> dict[str, str]:
+    """``--header 'Name: value'`` options as a mapping (RFC 9110 field names: letters, digits and ``!#$%&'*+-.^_`|~``).
+
+    Raises:
+        UserError: a value without ``:``, an invalid name, or a key header (`KEY_HEADERS`).
+    """
+    out = {}
+    for v in values:
+        name, sep, value = v.partition(":")
+        name = name.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
+            raise UserError(f"--header {name or v!r} is not 'Name: value'",
+                            "pass e.g. --header 'x-claude-code-session-id: matrix-1'")
+        if name.lower() in KEY_HEADERS:
+            raise UserError(f"--header {name}: the key is not passed as a header",
+                            "put the key in a file (VLLM_API_KEY=<key>, mode 0600) and pass --key-file")
+        out[name] = value.strip()
+    return out
+
+
 def run_conformance(ns: argparse.Namespace) -> int:
     """Entry point of `ds4deploy conformance`. Returns 0 (no case failed) or 1; UserError (exit 2) when the
     server cannot be tested."""
@@ -170,6 +194,7 @@ def run_conformance(ns: argparse.Namespace) -> int:
     if not ns.recipe and not ns.url:
         raise UserError("no server to test", "name a recipe (`ds4deploy conformance cpu`) or pass --url and "
                         "--key-file")
+    headers = parse_headers(ns.header or [])
     recipe = load_recipe(ns.recipe) if ns.recipe else None
     url = (ns.url or base_url(recipe.serving.bind_address, recipe.serving.port)).rstrip("/")
     url = url.removesuffix("/v1")
@@ -185,7 +210,7 @@ def run_conformance(ns: argparse.Namespace) -> int:
     ctx = cases.Context(url=url, key=key, model=model,
                         max_model_len=ctx_len or (recipe.serving.max_model_len if recipe else None),
                         thinking_kwargs=thinking, bind_loopback=loopback, bind_source=bind_source, shapes=shapes,
-                        timeout_s=ns.timeout)
+                        timeout_s=ns.timeout, headers=headers)
     console = Console(width=ns.width)
     meta = {
         "target": recipe.name if recipe else url, "recipe": recipe.name if recipe else None,

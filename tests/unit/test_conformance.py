@@ -34,7 +34,7 @@ import pytest
 import yaml
 
 from ds4deploy.build.engine_venv import ENGINE_PYTHON
-from ds4deploy.conformance import arguments, cases
+from ds4deploy.conformance import arguments, cases, runner
 from ds4deploy.conformance.record import Recorder, load_shapes, serve, strip_text
 from ds4deploy.engines.vllm import engine_env
 from ds4deploy.model.tiny import TinyModelSpec, generate
@@ -179,6 +179,21 @@ def test_bad_input_exits_2_with_one_message(server, tmp_path):
         assert msg in p.stderr and "Traceback" not in p.stderr, (what, p.stderr)
         assert p.stderr.count("error:") == 1 and "fix:" in p.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.tool
+def test_a_bad_header_is_refused_before_any_request(tmp_path):
+    """--header: not 'Name: value', an invalid name, or the key as a header: exit 2, one message, no report; the
+    URL (a closed port) is never reached, so the message is the header's."""
+    for bad, msg in (("x-session", "is not 'Name: value'"), ("bad name: v", "is not 'Name: value'"),
+                     ("Authorization: Bearer k", "the key is not passed as a header"),
+                     ("X-Api-Key: k", "the key is not passed as a header")):
+        p = run_cli("conformance", "--url", f"http://127.0.0.1:{_free_port()}", "--header", bad,
+                    "--out", str(tmp_path / "out"))
+        assert p.returncode == 2 and msg in p.stderr, (bad, p.stderr)
+        assert p.stderr.count("error:") == 1 and "Traceback" not in p.stderr and "k\n" not in p.stderr
+    assert not (tmp_path / "out").exists()
+    assert runner.parse_headers(["x-claude-code-session-id:  s-1 "]) == {"x-claude-code-session-id": "s-1"}
 
 
 def test_event_order_checker_on_a_real_stream_and_broken_copies():

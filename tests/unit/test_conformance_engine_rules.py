@@ -52,7 +52,8 @@ def test_vllm_contract_fails_the_llamacpp_stack_and_its_rules_pass_it(captured):
         else:
             assert after == before
     used = {r.get("rule") for r in judged}
-    assert used - {None} == set(rules)
+    # The captured run had no stream without message_start: that rule has its own test below.
+    assert used - {None} == set(rules) - {"stream-without-message-start"}
 
 
 def test_a_stream_cut_short_is_the_model_choice_only_when_the_error_event_is_the_parser_s(captured):
@@ -97,6 +98,27 @@ def test_a_forced_row_must_pass_and_a_difference_needs_its_own_evidence(captured
     # A rule is for its own cases only: the same no-call evidence on a case that is no model choice fails.
     call = _row(rows, "tools.required_one")
     assert engine_rules.judge_row(engine_rules.LLAMACPP, {**call, "case": "tools.auto"})["verdict"] == FAIL
+
+
+def test_a_stream_without_message_start_is_llama_server_s_named_finding():
+    """The SDK stream helper's AssertionError (no message_start: llama-server holds back a first token that ends
+    inside a UTF-8 character) is a finding of the llama.cpp family on a streamed Anthropic row only; the same
+    evidence on a non-streamed row, or other evidence on a streamed one, still fails."""
+    from ds4deploy.conformance.common import Case, Mode
+    from ds4deploy.conformance.runner import run_case
+
+    def no_start(ctx, mode):
+        raise AssertionError("Expected message_start")
+
+    row = run_case(None, Case("messages.text", "anthropic", [Mode(True, False)], no_start), Mode(True, False))
+    assert row["verdict"] == FAIL
+    out = engine_rules.judge_row(engine_rules.LLAMACPP, row)
+    assert out["verdict"] == FINDING and out["rule"] == "stream-without-message-start", out
+    assert "n_decoded == 1" in out["evidence"] and out["raw_evidence"] == row["evidence"]
+    for bad in ({**row, "mode": "no-stream+no-think"}, {**row, "evidence": "HTTP 500: boom"},
+                {**row, "case": "chat.text"}):
+        assert engine_rules.judge_row(engine_rules.LLAMACPP, bad)["verdict"] == FAIL, bad
+    assert engine_rules.judge_row(engine_rules.rules_for("vllm"), row)["verdict"] == FAIL
 
 
 def test_vllm_and_unknown_families_judge_by_the_cases_alone(captured):
