@@ -50,13 +50,15 @@ def event_order_problems(events: list[dict]) -> list[str]:
             err = e["error"] if isinstance(e.get("error"), dict) else e
             bad.append(f"error event: {str(err.get('message') or err)[:200]}")
     types = [e.get("type") for e in evs]
-    if not types or types[0] != "message_start":
+    started = bool(types) and types[0] == "message_start"
+    if not started:
+        # One problem, not one per later event: the blocks are then checked from the first event on.
         bad.append(f"first event {types[:1]}, not message_start")
     if len(types) < 2 or types[-1] != "message_stop" or types[-2] != "message_delta":
         bad.append(f"stream ends {types[-2:]}, not message_delta, message_stop")
     open_block = None
     seen_blocks = []
-    for e in evs[1:-2]:
+    for e in evs[1 if started else 0:-2]:
         t = e.get("type")
         if t == "content_block_start":
             if open_block is not None:

@@ -31,6 +31,11 @@ import openai
 from ds4deploy.bench.stream import error_text
 
 PASS, FAIL, MODEL, FINDING = "pass", "fail", "model-dependent", "finding"
+# The evidence of a row whose SDK stream helper asserted (`ds4deploy.conformance.runner.run_case`): anthropic's
+# MessageStream.get_final_message asserts that a message_start came (anthropic/lib/streaming/_messages.py). The
+# llama.cpp rule "stream-without-message-start" (engine_rules) matches this text.
+NO_MESSAGE_START_SDK = ("the client's stream helper could not build the message (AssertionError{detail}): the stream "
+                        "lacked an event it needs, e.g. no message_start")
 VERDICTS = (PASS, FAIL, MODEL, FINDING)
 
 SEED = 1234

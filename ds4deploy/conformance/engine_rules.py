@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from ds4deploy.conformance.common import FAIL, FINDING, MODEL, PASS
+from ds4deploy.conformance.common import FAIL, FINDING, MODEL, NO_MESSAGE_START_SDK, PASS
 
 # The llama.cpp tree every llama.cpp image is built from (docs/sources.md#llamacpp-source); the files named below
 # are read at this commit.
@@ -183,9 +183,10 @@ LLAMACPP = FamilyRules(
         Rule(name="stream-without-message-start",
              cases=("messages.", "replay.anthropic"),
              modes=("stream", "stream+no-think", "stream+think"),
-             # the evidence ds4deploy.conformance.runner.run_case gives an AssertionError of the SDK's stream helper
-             problem=re.compile(r"the client's stream helper could not build the message \(AssertionError[^)]*\): "
-                                r"the stream lacked an event it needs, e\.g\. no message_start"),
+             # through the SDK: its stream helper's AssertionError (common.NO_MESSAGE_START_SDK, any detail); in raw
+             # HTTP: the event-order checker's first problem (cases_anthropic.event_order_problems), alone
+             problem=_any(re.escape(NO_MESSAGE_START_SDK).replace(re.escape("{detail}"), r"[^)]*"),
+                          r"first event \['content_block_start'\], not message_start"),
              verdict=FINDING,
              cause="llama-server sends message_start only with the partial result of the first generated token; "
                    "when that token ends inside a UTF-8 character the partial is held back, so the stream starts "

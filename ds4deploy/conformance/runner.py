@@ -30,6 +30,7 @@ from ds4deploy.bench.docs_section import RESULTS_DIR
 from ds4deploy.bench.run import read_key
 from ds4deploy.bench.stream import error_text
 from ds4deploy.conformance import cases, engine_rules, report
+from ds4deploy.conformance.common import NO_MESSAGE_START_SDK
 from ds4deploy.conformance.record import load_shapes
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.net import base_url
@@ -139,9 +140,8 @@ def run_case(ctx: cases.Context, case: cases.Case, mode: cases.Mode) -> dict:
         # The SDKs' stream helpers assert on events they need: anthropic's MessageStream.get_final_message asserts
         # that a message_start came (anthropic/lib/streaming/_messages.py). A server that omits it fails the case;
         # it must not end the run with a traceback.
-        out = cases.Outcome(cases.FAIL, "the client's stream helper could not build the message (AssertionError"
-                            f"{': ' + str(exc)[:160] if str(exc) else ''}): the stream lacked an event it needs, "
-                            "e.g. no message_start")
+        detail = f": {str(exc)[:160]}" if str(exc) else ""
+        out = cases.Outcome(cases.FAIL, NO_MESSAGE_START_SDK.format(detail=detail))
     return {"case": case.name, "api": case.api, "mode": mode.label, "verdict": out.verdict,
             "evidence": out.evidence, "seconds": round(time.perf_counter() - t0, 3)}
 

@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from ds4deploy.conformance import engine_rules
-from ds4deploy.conformance.common import FAIL, FINDING, MODEL, PASS
+from ds4deploy.conformance.cases_anthropic import event_order_problems
+from ds4deploy.conformance.common import FAIL, FINDING, MODEL, PASS, Case, Mode
 from ds4deploy.conformance.report import exit_code, markdown
+from ds4deploy.conformance.runner import run_case
 
 FIX = Path(__file__).parent / "fixtures" / "conformance"
 
@@ -104,8 +106,6 @@ def test_a_stream_without_message_start_is_llama_server_s_named_finding():
     """The SDK stream helper's AssertionError (no message_start: llama-server holds back a first token that ends
     inside a UTF-8 character) is a finding of the llama.cpp family on a streamed Anthropic row only; the same
     evidence on a non-streamed row, or other evidence on a streamed one, still fails."""
-    from ds4deploy.conformance.common import Case, Mode
-    from ds4deploy.conformance.runner import run_case
 
     def no_start(ctx, mode):
         raise AssertionError("Expected message_start")
@@ -119,6 +119,20 @@ def test_a_stream_without_message_start_is_llama_server_s_named_finding():
                 {**row, "case": "chat.text"}):
         assert engine_rules.judge_row(engine_rules.LLAMACPP, bad)["verdict"] == FAIL, bad
     assert engine_rules.judge_row(engine_rules.rules_for("vllm"), row)["verdict"] == FAIL
+    # The same stream read as raw HTTP: the event-order checker names the missing message_start once, and checks the
+    # blocks from the first event on; with nothing else wrong that is the rule's finding, with more it fails.
+    events = [{"type": "content_block_start", "index": 0}, {"type": "content_block_delta", "index": 0},
+              {"type": "content_block_stop", "index": 0},
+              {"type": "message_delta", "delta": {"stop_reason": "end_turn"}, "usage": {"output_tokens": 3}},
+              {"type": "message_stop"}]
+    problems = event_order_problems(events)
+    assert problems == ["first event ['content_block_start'], not message_start"], problems
+    raw = {"case": "messages.stream_events", "api": "http", "mode": "stream", "verdict": FAIL,
+           "evidence": "; ".join(problems)}
+    assert engine_rules.judge_row(engine_rules.LLAMACPP, raw)["verdict"] == FINDING
+    worse = event_order_problems([*events[:1], {"type": "content_block_delta", "index": 1}, *events[1:]])
+    assert len(worse) == 2
+    assert engine_rules.judge_row(engine_rules.LLAMACPP, {**raw, "evidence": "; ".join(worse)})["verdict"] == FAIL
 
 
 def test_vllm_and_unknown_families_judge_by_the_cases_alone(captured):
