@@ -297,6 +297,15 @@ def router_argv(gw: GatewayRecipe, backends: list[Backend]) -> list[str]:
             "--log-level", "warn"]
 
 
+# The OpenAI API routes a person may reach through the gateway's door, exact paths (the Anthropic ones, /v1/messages
+# and /v1/messages/count_tokens, pass by front_door.ANTHROPIC_PREFIXES): the ones vLLM and llama-server serve to
+# clients (https://platform.openai.com/docs/api-reference: models, chat completions, completions, embeddings).
+# Every other path is refused at the door: SMG registers its admin and stored-state routes beside the client ones,
+# some under /v1/ (/workers, /v1/tokenizers, /v1/responses/{id}, /v1/conversations: lightseekorg/smg
+# model_gateway/src/server.rs), and the door would call them with the gateway key.
+CLIENT_ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+
+
 def _front_door_conf(gw: GatewayRecipe, backends: list[Backend]) -> str:
     """The gateway front door's nginx config template (``${VLLM_API_KEY}`` and ``${DS4_METRICS_KEY}`` substituted
     by the front door image's entrypoint at start, as for every stack). With ``routing.router: nginx`` the front
@@ -314,7 +323,8 @@ def _front_door_conf(gw: GatewayRecipe, backends: list[Backend]) -> str:
         nginx_router=nginx_router, backends=[b.url.removeprefix("http://") for b in backends],
         backend_var="$upstream_addr" if nginx_router else "$upstream_http_x_smg_routed_worker_id",
         people_dir=CONTAINER_PEOPLE_DIR, session_var=session_var, errors=errors,
-        anthropic_prefixes=front_door.ANTHROPIC_PREFIXES, request_errors=front_door.REQUEST_ERRORS)
+        anthropic_prefixes=front_door.ANTHROPIC_PREFIXES, request_errors=front_door.REQUEST_ERRORS,
+        client_routes=CLIENT_ROUTES)
 
 
 def render(gw: GatewayRecipe) -> dict[str, str]:

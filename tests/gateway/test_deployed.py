@@ -99,12 +99,13 @@ def chat(office, person: str, model: str = "office-tiny", session: str | None = 
 
 
 def test_the_router_s_own_routes_are_closed_to_people(office) -> None:
-    """A person's key opens the client APIs only: the router's worker API (which the door would call with the gateway
-    key, letting anyone drain or add backends) and its other routes answer 404 at the door; the router itself, on
-    loopback, still answers `ds4deploy gateway drain` with the gateway key."""
+    """A person's key opens the client API routes only (gateway.CLIENT_ROUTES, /v1/messages): the router's worker API
+    (which the door would call with the gateway key, letting anyone drain or add backends), its tokenizer routes and
+    its stored responses and conversations (under /v1/ too) answer 404 at the door."""
     alice = {"x-api-key": office["keys"]["alice"]}
     for method, path in (("GET", "/workers"), ("POST", "/workers"), ("GET", "/get_loads"), ("POST", "/flush_cache"),
-                         ("GET", "/list_workers"), ("GET", "/")):
+                         ("GET", "/list_workers"), ("GET", "/"), ("GET", "/v1/tokenizers"), ("POST", "/v1/tokenizers"),
+                         ("GET", "/v1/conversations/c1"), ("DELETE", "/v1/responses/r1"), ("GET", "/v1/")):
         r = httpx.request(method, f"{office['url']}{path}", headers=alice, json={}, timeout=30)
         assert r.status_code == 404, (method, path, r.status_code, r.text[:200])
     assert httpx.get(f"{office['url']}/v1/models", headers=alice, timeout=30).status_code == 200
