@@ -750,7 +750,7 @@ def cmd_gateway_drain(ns: argparse.Namespace) -> int:
 
 
 def cmd_gateway_rejoin(ns: argparse.Namespace) -> int:
-    """Add a drained (or restarted) backend back to a running gateway's pool and wait until it is ready."""
+    """Add a drained backend back to a running gateway's pool and wait until it is ready."""
     from ds4deploy.operate.gateway_control import rejoin
     from ds4deploy.render import gateway
 
@@ -1040,8 +1040,9 @@ def build_parser() -> argparse.ArgumentParser:
     cf.add_argument("--shapes", help="directory of recorded request shapes to replay besides the bundled ones")
     cf.add_argument("--only", help="run only cases whose name contains one of these comma-separated words")
     cf.add_argument("--timeout", type=float, default=120.0, help="seconds per request (default 120)")
-    cf.add_argument("--header", action="append", metavar="'NAME: VALUE'", help="send this header with every "
-                    "request (repeatable), e.g. a gateway's session header to keep the matrix on one backend")
+    cf.add_argument("--header", action="append", metavar="'NAME: VALUE'", help="send this header with the "
+                    "matrix's requests (repeatable; the reachability probe and the auth cases send their own), e.g. "
+                    "a gateway's session header to keep the matrix on one backend")
     cf.add_argument("--width", type=int, default=200, help="table width in columns")
     cf.add_argument("--listen", default="127.0.0.1:8099", help="record: address:port the proxy listens on")
     cf.add_argument("--recipe", dest="recipe_for_record", metavar="RECIPE",

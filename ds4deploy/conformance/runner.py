@@ -179,6 +179,9 @@ def parse_headers(values: list[str]) -> dict[str, str]:
         if not sep or not re.fullmatch(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+", name):
             raise UserError(f"--header {name or v!r} is not 'Name: value'",
                             "pass e.g. --header 'x-claude-code-session-id: matrix-1'")
+        if not re.fullmatch(r"[\x20-\x7e\t]*", value):
+            raise UserError(f"--header {name}: the value holds a line break or a byte outside printable ASCII",
+                            "pass one line of printable ASCII as the value")
         if name.lower() in KEY_HEADERS:
             raise UserError(f"--header {name}: the key is not passed as a header",
                             "put the key in a file (VLLM_API_KEY=<key>, mode 0600) and pass --key-file")

@@ -209,7 +209,9 @@ def drain(gw: GatewayRecipe, name: str, force: bool = False) -> str:
         raise UserError(f"the router accepted the removal of '{name}' ({backend.url}) but still lists it as ready "
                         f"after {DRAIN_WAIT_S:g} s", "check the router's log (`docker logs "
                         f"{project_name(gw)}-router`) and `GET /workers`")
-    others = [b.name for b in resolve_backends(gw) if b.url != backend.url and set(b.models) & set(backend.models)]
+    ready = {w.url for w in pool if w.status == "ready"}
+    others = [b.name for b in resolve_backends(gw)
+              if b.url != backend.url and b.url in ready and set(b.models) & set(backend.models)]
     return (f"drained '{name}' ({backend.url}) from gateway '{gw.name}': no new request goes to it, its sessions' "
             f"next turns go to {', '.join(others) or 'no other backend'}, requests it is answering finish; "
             f"`ds4deploy gateway rejoin {gw._source or gw.name} {name}` brings it back")
@@ -260,9 +262,12 @@ def rejoin(gw: GatewayRecipe, name: str) -> str:
     router = Router(gw, key)
     mine = router.worker(backend.url)
     if mine is not None and mine.status != "draining":
+        drain_cmd = f"`ds4deploy gateway drain {gw._source or gw.name} {name}`"
         raise UserError(f"backend '{name}' ({backend.url}) is in the router's pool already ({mine.status}); "
-                        "nothing was changed", "to take it out: `ds4deploy gateway drain "
-                        f"{gw._source or gw.name} {name}`")
+                        "nothing was changed",
+                        f"to take it out: {drain_cmd}" if mine.status == "ready" else
+                        f"the router keeps probing a backend that failed its health checks; to add it back now: "
+                        f"{drain_cmd}, then rejoin")
     _check_backend(backend, key)
     t0 = time.monotonic()
     if mine is not None and not _wait(lambda: router.worker(backend.url) is None, REJOIN_WAIT_S):

@@ -29,18 +29,32 @@ _LIST = ('for d in /proc/[0-9]*; do t=$(tr "\\0" " " < "$d/cmdline" 2>/dev/null)
          '[ -n "$t" ] && echo "${d#/proc/} $t"; done')
 
 
+# Seconds one docker command may take before the front door counts as not answering (a docker exec answers in well
+# under a second on an idle host).
+DOCKER_TIMEOUT_S = 30
+
+
+def _docker(args: list[str]) -> subprocess.CompletedProcess:
+    """``docker <args>`` with its output captured.
+
+    Raises:
+        UserError: docker is missing or did not answer within `DOCKER_TIMEOUT_S`.
+    """
+    try:
+        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=DOCKER_TIMEOUT_S,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise UserError(f"`docker {args[0]}` on the front door failed: {exc}",
+                        "check that Docker runs and the front door is up (`docker ps`)") from None
+
+
 def workers(container: str) -> dict[int, str]:
     """The nginx worker processes of `container`: pid -> process title (`WORKER` or `SHUTTING_DOWN`).
 
     Raises:
         UserError: docker cannot run a command in the container (not running, docker missing).
     """
-    try:
-        p = subprocess.run(["docker", "exec", container, "sh", "-c", _LIST], capture_output=True, text=True,
-                           timeout=30, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise UserError(f"could not read the processes of {container}: {exc}",
-                        "check that Docker runs and the front door is up (`docker ps`)") from None
+    p = _docker(["exec", container, "sh", "-c", _LIST])
     if p.returncode != 0:
         raise UserError(f"could not read the processes of {container}: {(p.stderr or p.stdout).strip()[-300:]}",
                         "check that the front door is up (`docker ps`)")
@@ -61,8 +75,7 @@ def reload(container: str, conf: str, timeout_s: float = RELOAD_TIMEOUT_S, inter
             workers did not take over within `timeout_s` seconds (the container log's last lines say why).
     """
     before = workers(container)
-    p = subprocess.run(["docker", "exec", container, "nginx", "-s", "reload", "-c", conf], capture_output=True,
-                       text=True, timeout=60, check=False)
+    p = _docker(["exec", container, "nginx", "-s", "reload", "-c", conf])
     if p.returncode != 0:
         raise UserError(f"the front door {container} refused the reload: {(p.stderr or p.stdout).strip()[-300:]}",
                         "fix what nginx names; the running configuration is unchanged")
@@ -74,8 +87,7 @@ def reload(container: str, conf: str, timeout_s: float = RELOAD_TIMEOUT_S, inter
         if new and not old_accepting:
             return len(new)
         if time.monotonic() >= deadline:
-            log = subprocess.run(["docker", "logs", "--tail", "5", container], capture_output=True, text=True,
-                                 timeout=30, check=False)
+            log = _docker(["logs", "--tail", "5", container])
             tail = " | ".join((log.stderr + log.stdout).strip().splitlines()[-3:])
             raise UserError(f"the front door {container} did not take the new configuration within {timeout_s:g} s "
                             f"(old workers still accepting: {len(old_accepting)}, new: {len(new)}; log: {tail})",

@@ -114,6 +114,14 @@ def test_sessions_stay_on_one_backend_and_use_both(nginx_office) -> None:
     assert set(used) == set(nginx_office["addr"].values()), used
 
 
+def test_a_client_without_the_session_header_stays_on_one_backend(nginx_office) -> None:
+    """An OpenAI-API agent sends no session header: its turns are hashed on the person, so they stay on one backend
+    (with an empty hash key nginx would spread them round robin, a cold prefill every turn)."""
+    for person in PEOPLE:
+        backends = {answered_by(chat(nginx_office, None, person)) for _ in range(6)}
+        assert len(backends) == 1, (person, backends)
+
+
 def test_keys_at_the_nginx_door(nginx_office) -> None:
     url = f"{nginx_office['url']}/v1/chat/completions"
     assert httpx.post(url, json={}, timeout=30).status_code == 401

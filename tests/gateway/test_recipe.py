@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -227,7 +228,10 @@ def test_the_nginx_router_renders_the_front_door_alone() -> None:
     compose = yaml.safe_load(files["compose.yaml"])
     assert list(compose["services"]) == ["front-door"] and "depends_on" not in compose["services"]["front-door"]
     conf = files["front-door.conf.template"]
-    assert "hash $http_x_claude_code_session_id consistent;" in conf
+    assert "hash $ds4_route_key consistent;" in conf
+    # the session header, else the person (an empty key would fall back to round robin)
+    assert re.search(r'map \$http_x_claude_code_session_id \$ds4_route_key \{\s*"" "person:\$ds4_person";\s*'
+                     r'default \$http_x_claude_code_session_id;', conf), conf
     assert "server box-a.office.lan:8020 max_fails=1 fail_timeout=10s;" in conf
     # A POST is passed on only when it was never sent (no non_idempotent): no generation runs twice.
     assert "        proxy_next_upstream error timeout;\n" in conf

@@ -187,7 +187,8 @@ def test_a_bad_header_is_refused_before_any_request(tmp_path):
     URL (a closed port) is never reached, so the message is the header's."""
     for bad, msg in (("x-session", "is not 'Name: value'"), ("bad name: v", "is not 'Name: value'"),
                      ("Authorization: Bearer k", "the key is not passed as a header"),
-                     ("X-Api-Key: k", "the key is not passed as a header")):
+                     ("X-Api-Key: k", "the key is not passed as a header"),
+                     ("x-session: a\r\nX-Injected: 1", "holds a line break")):
         p = run_cli("conformance", "--url", f"http://127.0.0.1:{_free_port()}", "--header", bad,
                     "--out", str(tmp_path / "out"))
         assert p.returncode == 2 and msg in p.stderr, (bad, p.stderr)
