@@ -259,3 +259,24 @@ def test_api_key_file_readable_by_others(scratch):
         _refused(scratch, name, f"the API key file {key}", "readable or writable by others", f"chmod 0600 {key}")
     finally:
         key.unlink()
+
+
+def test_a_gateway_key_equal_to_the_deployments_own_is_refused(scratch):
+    """A gateway key file (docs/gateway.md, "Backends") holding the deployment's own key, as an office that gave its
+    backends the gateway key as their own would write it: refused while reading the node, before the front door
+    (whose entrypoint refuses it) would fail at start after the stack changed; the key is never printed."""
+    name = scratch.write("e2e-order-gwkey", _cpu())
+    key = Path(f"/etc/ds4deploy/secrets/{name}.env")
+    gateway_key = Path(f"/etc/ds4deploy/secrets/{name}.gateway.env")
+    key.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    secret = "ds4-e2e-order-gateway-" + "k" * 24
+    for path, line in ((key, f"VLLM_API_KEY={secret}\n"), (gateway_key, f"DS4_GATEWAY_KEY={secret}\n")):
+        path.touch(mode=0o600)
+        path.write_text(line)
+    try:
+        out = _refused(scratch, name, f"the gateway key file {gateway_key}",
+                       "holds the same key as this deployment's own key file or metrics key file")
+        assert secret not in out
+    finally:
+        key.unlink()
+        gateway_key.unlink()
