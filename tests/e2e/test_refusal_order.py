@@ -275,7 +275,7 @@ def test_a_gateway_key_equal_to_the_deployments_own_is_refused(scratch):
         path.write_text(line)
     try:
         out = _refused(scratch, name, f"the gateway key file {gateway_key}",
-                       "holds the same key as this deployment's own key file or metrics key file")
+                       "holds the same key as the API key file or metrics key file of this deployment")
         assert secret not in out
     finally:
         key.unlink()
