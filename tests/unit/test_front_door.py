@@ -96,6 +96,18 @@ class Echo(BaseHTTPRequestHandler):
         pass
 
 
+def _await_door(url: str, proc: subprocess.Popen, died_ok: bool = True) -> None:
+    """Wait up to about 5 s until nginx at `url` answers /health (any status); with `died_ok` False, fail at once
+    with the process's output if it exited meanwhile."""
+    for _ in range(50):
+        try:
+            httpx.get(f"{url}/health", timeout=1)
+            return
+        except httpx.HTTPError:
+            assert died_ok or proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            time.sleep(0.1)
+
+
 @contextlib.contextmanager
 def running_proxy(tmp: Path, recipe: str = "cpu", handler: type[BaseHTTPRequestHandler] | None = None):
     """nginx with `recipe`'s rendered front door in front of `handler` (default `Echo`), logging into `tmp`; yields
@@ -109,12 +121,7 @@ def running_proxy(tmp: Path, recipe: str = "cpu", handler: type[BaseHTTPRequestH
     proc = subprocess.Popen([NGINX, "-e", f"{tmp}/error.log", "-c", str(conf), "-g", "daemon off;"])
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(50):
-            try:
-                httpx.get(f"{url}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        _await_door(url, proc)
         yield url, proc
     finally:
         if proc.poll() is None:
@@ -446,13 +453,7 @@ def entrypoint_proxy(tmp: Path, gateway_key: str | None, recipe: str = "cpu-llam
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        for _ in range(50):
-            try:
-                httpx.get(f"{url}/health", timeout=1)
-                break
-            except httpx.HTTPError:
-                assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-                time.sleep(0.1)
+        _await_door(url, proc, died_ok=False)
         yield url, conf
     finally:
         proc.terminate()
