@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.operate.key_file import check_key_file, parse_env_file
+from ds4deploy.operate.key_file import read_key_line
 from ds4deploy.recipe.schema import GatewayRecipe
 from ds4deploy.render.gateway import Backend, project_name, render_root, resolve_backends
 
@@ -59,17 +59,9 @@ def read_gateway_key(gw: GatewayRecipe) -> str:
     Raises:
         UserError: the file is missing, unreadable, readable by others, or has no VLLM_API_KEY line.
     """
-    path = Path(gw.key_file)
-    check_key_file(path)
-    try:
-        key = parse_env_file(path.read_text(encoding="utf-8")).get("VLLM_API_KEY")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"cannot read the gateway key file {path}: {getattr(exc, 'strerror', None) or exc}",
-                        "run on the gateway host as the key file's owner (sudo)") from None
-    if not key:
-        raise UserError(f"{path} has no VLLM_API_KEY= line",
-                        "the gateway key file holds one VLLM_API_KEY=<key> line: the key the router started with")
-    return key
+    return read_key_line(Path(gw.key_file), "the gateway key file",
+                         "run on the gateway host as the key file's owner (sudo)",
+                         "the gateway key file holds one VLLM_API_KEY=<key> line: the key the router started with")
 
 
 def find_backend(gw: GatewayRecipe, name: str) -> Backend:

@@ -34,14 +34,24 @@ def read_api_key(recipe: Recipe) -> str | None:
     if recipe.serving.auth.mode != "api_key":
         return None
     path = Path(recipe.key_file)
+    return read_key_line(path, "the API key file", "deploy the recipe first (`make deploy`), and run as root",
+                         f"delete {path} and deploy again to regenerate it")
+
+
+def read_key_line(path: Path, what: str, read_fix: str, missing_fix: str) -> str:
+    """The ``VLLM_API_KEY=`` value of key file `path` (`what` names it in messages), after `check_key_file`.
+
+    Raises:
+        UserError: the file is missing or open to others (`check_key_file`), unreadable or not UTF-8 (fix
+            `read_fix`), or holds no VLLM_API_KEY= line (fix `missing_fix`).
+    """
     check_key_file(path)
     try:
-        key = parse_env_file(path.read_text()).get("VLLM_API_KEY")
-    except OSError as exc:
-        raise UserError(f"cannot read the API key file {path}: {exc.strerror}",
-                        "deploy the recipe first (`make deploy`), and run as root") from None
+        key = parse_env_file(path.read_text(encoding="utf-8")).get("VLLM_API_KEY")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}", read_fix) from None
     if not key:
-        raise UserError(f"{path} has no VLLM_API_KEY= line", f"delete {path} and deploy again to regenerate it")
+        raise UserError(f"{path} has no VLLM_API_KEY= line", missing_fix)
     return key
 
 
