@@ -13,14 +13,12 @@ import os
 import secrets
 import subprocess
 import sys
-import time
 from pathlib import Path
-
-import httpx
 
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.render import compose as render
 from ds4deploy.render import front_door
+from tools.benchval.stack import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 # Each backend's front door (what the gateway reaches) and the llama-server behind it (holding its own key only).
@@ -66,19 +64,6 @@ def write_secret(path: Path, text: str) -> Path:
     return path
 
 
-def wait_http(url: str, timeout_s: float = 120) -> None:
-    """Wait until GET `url` answers 200 (AssertionError after `timeout_s`)."""
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"{url} did not answer 200 within {timeout_s} s")
-
-
 def start(tmp: Path) -> dict:
     """Start the three backends (engine and front door each) and wait for their /health through the front door.
 
@@ -121,7 +106,7 @@ def start(tmp: Path) -> dict:
                front_door.IMAGE)
     urls = {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}
     for url in urls.values():
-        wait_http(f"{url}/health")
+        wait_healthy(url, 120)
     return {"gw_key": gw_key, "own_keys": own_keys, "backend_url": urls, "names": names}
 
 
@@ -130,4 +115,4 @@ def revive(*bs: str) -> None:
     for b in bs:
         docker("start", *containers(b))
     for b in bs:
-        wait_http(f"http://127.0.0.1:{BACKEND_PORTS[b]}/health")
+        wait_healthy(f"http://127.0.0.1:{BACKEND_PORTS[b]}", 120)
