@@ -153,7 +153,7 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
 	exit $$status
 
-# The rehearsal last: its stand-in engines are built FROM the cpu engine image that e2e's deploy builds.
+# The rehearsal last: its nodes load the front door image that e2e's deploy builds.
 test: venv ## lint, unit, e2e (offline, multinode), llamacpp, e2e-llamacpp, test-hosts, rehearse: what CI runs; each tier's wall time at the end
 	@mkdir -p .cache && : > .cache/tier-times
 	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; \
@@ -289,12 +289,13 @@ test-hosts: venv ## two netns test hosts (GX10 rails): provisioning, rail checks
 # Each reference recipe's `make deploy`, run for real on stand-in nodes made here (tests/rehearse): per node a network
 # and a mount namespace with its own Docker daemon, the recipe's hardware stood in (captured nvidia-smi output, GID
 # tables following its rails, CPU/RAM/NUMA/disk at its minimums), the model from a local hub, the engine image
-# replaced by a stand-in that checks what it gets against the render. Stand-in engines are built FROM the cpu
-# recipe's engine image (`make deploy RECIPE=cpu` builds it). DS4_REHEARSE_KEEP_IMAGES=1 keeps the nodes' Docker
-# data (/var/lib/ds4-rehearse) for the next run.
+# replaced by a stand-in (Debian with python3) that checks what it gets against the render; vLLM's own parser reads
+# each container's engine arguments on the host (the engine venv). The nodes load the front door image (`make deploy
+# RECIPE=cpu` builds it). DS4_REHEARSE_KEEP_IMAGES=1 keeps the nodes' Docker data (/var/lib/ds4-rehearse) for the
+# next run.
 # Without RECIPE: every recipe of ds4deploy.render.index.REHEARSED (its index row says "rehearsed here").
-rehearse: venv ## [RECIPE=<reference recipe>] its real `make deploy` on stand-in nodes (root; the cpu engine
-## image), supervisor restart, `make down`; without RECIPE every rehearsed reference recipe
+rehearse: venv $(ENGINE_VENV)/.pins ## [RECIPE=<reference recipe>] its real `make deploy` on stand-in nodes (root;
+## the front door image), supervisor restart, `make down`; without RECIPE every rehearsed reference recipe
 	@command -v netplan >/dev/null && command -v ping >/dev/null && command -v numactl >/dev/null || { \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
 	  netplan.io iputils-ping numactl; }

@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ds4deploy.build.image import debian_base, image_exists
 from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.paths import REPO_ROOT
 
@@ -58,11 +59,6 @@ def prepare_context(dest: Path) -> Path:
     return dest
 
 
-def image_exists(ref: str) -> bool:
-    """Whether the local Docker daemon has image `ref`."""
-    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode == 0
-
-
 def build(base_image: str | None = None) -> str:
     """Build the gateway image unless it exists (its tag names its inputs). Returns its reference.
 
@@ -72,12 +68,10 @@ def build(base_image: str | None = None) -> str:
     Raises:
         UserError: the wheels cannot be downloaded, or docker build fails (its last lines).
     """
-    from ds4deploy.build.image import LOCAL_BASE_IMAGE
-
     ref = image_ref()
     if image_exists(ref):
         return ref
-    base = base_image or (LOCAL_BASE_IMAGE if image_exists(LOCAL_BASE_IMAGE) else "debian:bookworm-slim")
+    base = base_image or debian_base()
     ctx = prepare_context(REPO_ROOT / ".cache" / "build" / "gateway")
     p = subprocess.run(["docker", "build", "-t", ref, "--build-arg", f"BASE_IMAGE={base}", str(ctx)],
                        capture_output=True, text=True, check=False, env={**os.environ, "DOCKER_BUILDKIT": "0"})

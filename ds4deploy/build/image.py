@@ -32,12 +32,26 @@ IMAGES_DIR = REPO_ROOT / "images"
 # Tag of the Debian bookworm base built by images/base/build-base.sh when no registry is reachable (the script's
 # default is the same tag).
 LOCAL_BASE_IMAGE = "ds4deploy/debian:bookworm-local"
+# The public Debian bookworm base of the images built here (the recipes' base_image for Debian-based images).
+PUBLIC_BASE_IMAGE = "debian:bookworm-slim"
 # Seconds: pip's own reads of its config are instant; a torch download (~190 MB) on a slow proxy is not.
 PIP_CONFIG_TIMEOUT_S = 60
 TORCH_DOWNLOAD_TIMEOUT_S = 1800
 # Where PyTorch publishes CPU-only wheels (pytorch.org "Get started", pip --index-url for CPU builds);
 # $DS4_TORCH_INDEX points at a mirror.
 TORCH_CPU_INDEX = os.environ.get("DS4_TORCH_INDEX", "https://download.pytorch.org/whl/cpu")
+
+
+def image_exists(ref: str) -> bool:
+    """Whether the local Docker daemon has image `ref` (`docker image inspect` answers 0)."""
+    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode == 0
+
+
+def debian_base(public: str = PUBLIC_BASE_IMAGE) -> str:
+    """The Debian bookworm base to build a small image from on this machine: the local debootstrap base
+    (LOCAL_BASE_IMAGE, images/base/build-base.sh) when the daemon has it, as on a machine without a registry; else
+    `public` (a recipe's base_image), which the build pulls."""
+    return LOCAL_BASE_IMAGE if image_exists(LOCAL_BASE_IMAGE) else public
 
 
 def ca_bundle_from_env() -> Path | None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.build.image import LOCAL_BASE_IMAGE, build_args, prepare_context
+from ds4deploy.build.image import build_args, debian_base, image_exists, prepare_context
 from ds4deploy.engines.llamacpp import SPLIT_RE, gguf_parts
 from ds4deploy.model.tiny_gguf import TinyGgufSpec, chat_template_from, generate
 from ds4deploy.recipe.load import load_recipe
@@ -30,10 +30,6 @@ def _docker_ok() -> bool:
         ["docker", "info"], capture_output=True, check=False).returncode == 0
 
 
-def _image_exists(ref: str) -> bool:
-    return subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode == 0
-
-
 @pytest.fixture(scope="session")
 def llamacpp_image() -> str:
     """``repository:tag`` of the cpu-llamacpp recipe's image, built once (kept: the tag names its inputs)."""
@@ -41,11 +37,11 @@ def llamacpp_image() -> str:
         pytest.skip("no Docker daemon: the llama.cpp engine check runs the real llama-server in its image")
     recipe = load_recipe(CPU_RECIPE)
     ref = recipe.image_ref
-    if _image_exists(ref):
+    if image_exists(ref):
         return ref
     ctx = REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch
     prepare_context(recipe, ctx)
-    base = LOCAL_BASE_IMAGE if _image_exists(LOCAL_BASE_IMAGE) else recipe.engine.image.base_image
+    base = debian_base(recipe.engine.image.base_image)
     argv = ["docker", "build", "-t", ref, "--build-arg", f"BASE_IMAGE={base}"]
     for k, v in build_args(recipe).items():
         argv += ["--build-arg", f"{k}={v}"]

@@ -3,7 +3,7 @@
 `expectations(recipe, model_files)` reads compose/<recipe>/compose*.yaml and deploy-vars.yml as committed (not a
 fresh render: the deploy applies the committed files) and returns, per node role (compose file), the engine
 service's command, environment, volume targets and modes, devices, ulimits and GPU reservation, plus the served
-name, the declared fork-only flags, the worker's ready marker and the master port.
+name, the worker's ready marker and the master port.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ def expectations(recipe: Recipe, model_files: list[str], compose_dir: Path = COM
     return {
         "recipe": recipe.name,
         "served_name": recipe.model.served_name,
-        "fork_only_flags": list(recipe.engine.fork_only_flags),
         "worker_ready_log": deploy_vars.get("ds4_worker_ready_log") or "",
         "master_port": deploy_vars.get("ds4_master_port") if deploy_vars["ds4_nodes"] > 1 else None,
         "model_files": sorted(model_files),

@@ -241,10 +241,9 @@ def down(remove_data: bool = True) -> None:
     shutil.rmtree(RUN, ignore_errors=True)
 
 
-def load_images(targets: list[Node], source: list[str] | Path) -> None:
-    """Load images into the daemons of `targets`, all at once: `source` is either image references, streamed from
-    this machine's `docker save` with no archive on disk, or a `docker save` archive. Read in 1 MiB chunks, each
-    written to every node's `docker load`.
+def load_images(targets: list[Node], refs: list[str]) -> None:
+    """Load images `refs` into the daemons of `targets`, all at once, streamed from this machine's `docker save` with
+    no archive on disk: read in 1 MiB chunks, each written to every node's `docker load`.
 
     Disk: each node's daemon unpacks the whole stream into a temporary directory under its data root before it
     registers the layers (moby image/tarexport/load.go untars the archive into a temp dir first), so a load needs
@@ -252,16 +251,13 @@ def load_images(targets: list[Node], source: list[str] | Path) -> None:
 
     Raises RuntimeError naming each node whose load failed with the tail of its daemon's answer (e.g. "no space left
     on device"), or the save's."""
-    if isinstance(source, Path):
-        save, stream = None, source.open("rb")
-    else:
-        save = subprocess.Popen(["docker", "save", *source], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        stream = save.stdout
+    save = subprocess.Popen(["docker", "save", *refs], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    stream = save.stdout
     loads = {node: subprocess.Popen(["docker", "load", "--quiet"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, env={**os.environ, "DOCKER_HOST": node.docker_host})
              for node in targets}
     live = dict(loads)
-    procs = [*loads.values(), *([save] if save is not None else [])]
+    procs = [*loads.values(), save]
     # A daemon that stops reading would block a write for ever: after LOAD_TIMEOUT_S every process is killed, which
     # ends the writes (broken pipe) and the waits below.
     expired = threading.Event()
@@ -281,7 +277,7 @@ def load_images(targets: list[Node], source: list[str] | Path) -> None:
                         load.stdin.write(chunk)
                     except BrokenPipeError:  # that load failed: its answer is read below
                         del live[node]
-        if save is not None and not live:
+        if not live:
             save.kill()  # every load failed: nobody reads the rest of the save
         failed = []
         for node, load in loads.items():
@@ -291,7 +287,7 @@ def load_images(targets: list[Node], source: list[str] | Path) -> None:
                 pass
             if load.wait():
                 failed.append(f"{node.name}: {load.stderr.read().decode(errors='replace').strip()[-600:]}")
-        if save is not None and save.wait() and live:
+        if save.wait() and live:
             failed.append(f"this machine's docker save: {save.stderr.read().decode(errors='replace').strip()[-600:]}")
     finally:
         timer.cancel()

@@ -6,8 +6,9 @@ hardware stood in: CPU, RAM, disk and NUMA at the recipe's minimums, GPU facts f
 GID table per node following the recipe's rails (node-b's RoCE v2 index moved from 3 to 4, so each node must resolve
 its own), the model from a local server speaking the hub protocol under the recipe's repo id and revision (tiny
 files; a `source: local` recipe copies a tiny local directory with MODEL_FROM), and the engine image replaced by a
-stand-in tagged as the recipe's image (tests/rehearse/standin) that checks its argv with vLLM's parser, its
-environment, mounts, devices and GPU reservation against the committed render, then serves.
+stand-in tagged as the recipe's image (tests/rehearse/standin: Debian with python3) that checks its argv, its
+environment, mounts, devices and GPU reservation against the committed render, then serves; the engine arguments
+each container got are parsed with vLLM's own parser on the host (tests/support/vllm_parser.py).
 
 The control host's commands (make, ansible-playbook, the supervisor, the hub) run in the head node's network
 namespace, as on a machine that is its own control host. The recipe is read from a scratch copy of recipes/
@@ -21,14 +22,11 @@ key, the supervisor's ordered restart after a killed stand-in worker (incident f
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import posixpath
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from datetime import datetime
@@ -37,6 +35,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from ds4deploy.build.image import debian_base, image_exists
 from ds4deploy.operate.incidents import INCIDENTS_ROOT
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.paths import REPO_ROOT
@@ -44,6 +43,7 @@ from ds4deploy.render.compose import node_project_name, project_name
 from ds4deploy.render.index import REHEARSED
 from tests.rehearse import hardware, nodes
 from tests.rehearse.expect import expectations
+from tests.support.vllm_parser import parse_with_vllm, strip_fork_only
 
 REHEARSE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -61,44 +61,10 @@ RESTART_TIMEOUT_S = 600
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in nodes need root (namespaces, dockerd)")
 
 
-def _without_layers_of(archive: Path, refs: list[str]) -> Path:
-    """A copy of a `docker save` archive without the layer files that every target daemon already holds: those of
-    the images `refs`. `docker load` opens a layer file only for a layer whose chain ID its store lacks (moby
-    image/tarexport/load.go: `loadLayer` runs only when the layer store has no layer of that chain ID), so a file is
-    left out only when no image in the archive needs it at a chain the `refs` images do not hold; a kept layer that
-    is a symlink to another layer's file (how a save stores a layer twice) keeps its target. The original is
-    removed."""
-    thin = archive.with_name("images-thin.tar")
-    with tarfile.open(archive) as src:
-        members = {m.name: m for m in src.getmembers()}
-        manifest = json.load(src.extractfile("manifest.json"))
-
-        def chains(entry: dict) -> list[str]:
-            # The image spec's ChainID: chain(L0) = diff(L0); chain(Ln) = sha256(chain(Ln-1) + " " + diff(Ln)).
-            out: list[str] = []
-            for diff in json.load(src.extractfile(entry["Config"]))["rootfs"]["diff_ids"]:
-                out.append(diff if not out else "sha256:" + hashlib.sha256(f"{out[-1]} {diff}".encode()).hexdigest())
-            return out
-
-        entries = [(e, chains(e)) for e in manifest]
-        held = {c for e, cs in entries if set(e.get("RepoTags") or []) & set(refs) for c in cs}
-        needed: set[str] = set()
-        for e, cs in entries:
-            for layer, chain in zip(e["Layers"], cs, strict=True):
-                if chain in held:
-                    continue
-                while layer not in needed:
-                    needed.add(layer)
-                    if not members[layer].issym():
-                        break
-                    layer = posixpath.normpath(posixpath.join(posixpath.dirname(layer), members[layer].linkname))
-        drop = {layer for e, _ in entries for layer in e["Layers"]} - needed
-        with tarfile.open(thin, "w") as dst:
-            for member in members.values():
-                if member.name not in drop:
-                    dst.addfile(member, src.extractfile(member) if member.isfile() else None)
-    archive.unlink()
-    return thin
+def standin_base() -> str:
+    """The stand-in engine image's base: the Debian base the front door image is built from on this machine
+    (`ds4deploy.build.image.debian_base`), so a node holds the layers the two share once."""
+    return debian_base()
 
 
 def _stamp(text: str) -> datetime:
@@ -254,8 +220,7 @@ class Rehearsal:
         if owner := owner_base_image(self.recipe):
             # The owner-supplied base (V100: their port's image), which the lock pins by image ID: the stand-in's
             # base stands in for it, tagged under the recipe's name here and loaded into every node (`_images`).
-            subprocess.run(["docker", "tag", load_recipe("cpu").image_ref, owner], check=True, capture_output=True,
-                           timeout=60)
+            subprocess.run(["docker", "tag", standin_base(), owner], check=True, capture_output=True, timeout=60)
         args = []
         for art in image_artifacts(self.recipe):
             f = self.tmp / "artifacts" / art.file
@@ -273,48 +238,37 @@ class Rehearsal:
 
     def _images(self, model_files: list[str]) -> None:
         """Build the stand-in engine image in this machine's daemon, tagged as the recipe's image, and load it (and
-        the front door's image) into every node's daemon.
+        the front door's image) into every node's daemon that lacks one of them, streamed from `docker save`.
 
-        The node daemons keep their data from one rehearsed recipe to the next (`node_data`): the layers of an image
-        every node already holds (the stand-in's 4 GB base, the front door) are left out of the archive, so only the
-        stand-in's own small layers are loaded after the first recipe. (Building the stand-in in each node's daemon
-        instead gives each node another image ID, which the deploy refuses: one server, one image.)"""
-        base = load_recipe("cpu").image_ref
-        if subprocess.run(["docker", "image", "inspect", base], capture_output=True, check=False).returncode:
-            pytest.fail(f"the stand-in engine is built FROM {base} (vLLM's CPU build, for its argument parser), "
-                        "which is not on this machine. Fix: `make deploy RECIPE=cpu` (builds it), then rehearse.")
+        The stand-in is Debian with python3 on the front door's own base (a few hundred MB for both, their base
+        once), so a node loads it in seconds; the node daemons keep their data from one rehearsed recipe to the next
+        (`node_data`). (Building the stand-in in each node's daemon instead gives each node another image ID, which
+        the deploy refuses: one server, one image.)"""
+        if self.deploy_vars["ds4_front_door"] and not image_exists(self.deploy_vars["ds4_front_door_image"]):
+            pytest.fail(f"the front door image {self.deploy_vars['ds4_front_door_image']} is not on this machine. "
+                        "Fix: `make deploy RECIPE=cpu` (builds it), then rehearse.")
         ctx = self.tmp / "standin"
         shutil.copytree(REHEARSE / "standin", ctx)
         (ctx / "expect.json").write_text(json.dumps(expectations(self.recipe, model_files), indent=1))
         image = self.recipe.image_ref
         t0 = time.monotonic()
-        subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={base}",
+        subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={standin_base()}",
                         "--label", f"io.ds4deploy.context-sha256={self._context_sha256()}",
                         "--label", f"io.ds4deploy.recipe={self.name}", "--label", "io.ds4deploy.rehearsal-standin=1",
                         "-t", image, str(ctx)], check=True, capture_output=True, text=True, timeout=900)
         from ds4deploy.build.artifacts import owner_base_image
 
         owner = owner_base_image(self.recipe)
-        wanted = ([image, base] + ([owner] if owner else [])
+        wanted = ([image] + ([owner] if owner else [])
                   + ([self.deploy_vars["ds4_front_door_image"]] if self.deploy_vars["ds4_front_door"] else []))
         ids = {ref: subprocess.run(["docker", "image", "inspect", "--format", "{{.Id}}", ref], capture_output=True,
                                    text=True, check=True).stdout.strip() for ref in wanted}
-        on_node = {node: {ref: node.docker("image", "inspect", "--format", "{{.Id}}", ref, check=False
-                                           ).stdout.strip() for ref in wanted} for node in self.nodes}
-        lacking = [node for node in self.nodes if on_node[node] != ids]
-        held = [ref for ref in wanted if all(on_node[node][ref] == ids[ref] for node in lacking)]
-        if lacking and not held:  # the first recipe of a run: streamed, no archive on disk
+        lacking = [node for node in self.nodes
+                   if any(node.docker("image", "inspect", "--format", "{{.Id}}", ref, check=False).stdout.strip()
+                          != ids[ref] for ref in wanted)]
+        if lacking:
             self._enough_disk(wanted, len(lacking))
             nodes.load_images(lacking, wanted)
-        elif lacking:
-            archive = self.tmp / "images.tar"
-            try:
-                subprocess.run(["docker", "save", "-o", str(archive), *wanted], check=True, timeout=1800)
-                archive = _without_layers_of(archive, held)
-                nodes.load_images(lacking, archive)
-            finally:
-                for left in (self.tmp / "images.tar", self.tmp / "images-thin.tar"):
-                    left.unlink(missing_ok=True)
         self.timings["images"] = round(time.monotonic() - t0, 1)
 
     @staticmethod
@@ -449,12 +403,16 @@ def test_make_deploy_succeeds_on_the_stand_in_nodes(rehearsal):
 
 
 def test_every_stand_in_engine_got_what_the_render_says(rehearsal):
-    for rank in range(len(rehearsal.nodes)):
-        report = rehearsal.check_report(rank)
+    reports = [rehearsal.check_report(rank) for rank in range(len(rehearsal.nodes))]
+    # The engine arguments each container was given, as `vllm serve` would read them (vLLM's own parser, on the host),
+    # after the recipe's declared fork-only flags are removed.
+    parsed = parse_with_vllm([strip_fork_only(r.get("engine_args", []), rehearsal.recipe.engine.fork_only_flags)
+                              for r in reports])
+    for rank, (report, vllm) in enumerate(zip(reports, parsed, strict=True)):
         assert report["problems"] == [], report
-        assert report["vllm_parser"]["ok"] is True
-        assert (report["vllm_parser"]["tp"], report["vllm_parser"]["pp"]) == (
-            rehearsal.recipe.parallelism.tensor, rehearsal.recipe.parallelism.pipeline)
+        assert vllm["ok"] is True, (report["engine_args"], vllm)
+        assert (vllm["tp"], vllm["pp"], vllm["headless"]) == (
+            rehearsal.recipe.parallelism.tensor, rehearsal.recipe.parallelism.pipeline, rank > 0), vllm
         assert report["role"] == rehearsal.engine(rank)["Config"]["Labels"]["com.docker.compose.project.config_files"
                                                                           ].rsplit("/", 1)[1]
         assert report["nvidia_visible_devices"] == "all"

@@ -1,11 +1,12 @@
 """Stand-in engine for the rehearsal (tests/rehearse): installed as /usr/bin/tini in an image tagged as a recipe's
 engine image, so the render's own entrypoint (``/usr/bin/tini --``) runs it with the render's whole command.
+Standard library only: the image is Debian with python3, not the engine's (tests/rehearse/standin/Dockerfile).
 
 It checks what the container got against the render (/etc/ds4-rehearse/expect.json, written by
 tests/rehearse/expect.py from compose/<recipe>/):
 - argv: the rendered command of one node role, word for word, ``${VAR...}`` words matched as values (node rank,
-  master address); the engine's own arguments then parsed by vLLM's parser (the CPU build in this image) after the
-  recipe's declared fork-only flags are removed (as tests/unit/test_engine_parser.py does);
+  master address); it reports the engine's own arguments (the words after the engine's entrypoint), which the
+  rehearsal parses with vLLM's parser on the host (tests/support/vllm_parser.py);
 - environment: every rendered variable with its value (placeholders as values), VLLM_API_KEY from the env_file, and
   NVIDIA_VISIBLE_DEVICES=all, which Docker's nvidia device driver sets for the GPU reservation (moby
   daemon/nvidia_linux.go, setNvidiaGPUs: Count -1 -> "all");
@@ -53,20 +54,6 @@ def _match(rendered: str, actual: str, values: dict[str, str]) -> bool:
     return True
 
 
-def strip_fork_only(argv: list[str], fork_only: list[str]) -> list[str]:
-    """`argv` without the flags in `fork_only` (and the value after each one that takes a value)."""
-    out, skip = [], False
-    for i, a in enumerate(argv):
-        if skip:
-            skip = False
-            continue
-        if a.lstrip("-") in fork_only:
-            skip = i + 1 < len(argv) and not argv[i + 1].startswith("--")
-            continue
-        out.append(a)
-    return out
-
-
 def check_argv(argv: list[str], expect: dict, values: dict[str, str]) -> tuple[str | None, list[str]]:
     """The role whose rendered command `argv` is, and the problems (empty: argv is exactly one role's command)."""
     for role, spec in expect["roles"].items():
@@ -76,20 +63,6 @@ def check_argv(argv: list[str], expect: dict, values: dict[str, str]) -> tuple[s
             values.update(trial)
             return role, []
     return None, [f"argv is no role's rendered command: {argv}"]
-
-
-def parse_with_vllm(args: list[str], fork_only: list[str]) -> dict:
-    """Parse the engine's arguments with vLLM's own CLI parser; {"ok", "tp", "pp", "error"}."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = make_arg_parser(FlexibleArgumentParser())
-    try:
-        ns = parser.parse_args(strip_fork_only(args, fork_only))
-    except SystemExit as exc:
-        return {"ok": False, "error": f"vLLM's parser exited {exc.code}"}
-    return {"ok": True, "tp": ns.tensor_parallel_size, "pp": ns.pipeline_parallel_size,
-            "headless": bool(getattr(ns, "headless", False))}
 
 
 def check_env(spec: dict, values: dict[str, str]) -> list[str]:
@@ -199,11 +172,7 @@ def main(argv: list[str]) -> int:
     report: dict = {"role": role, "argv": argv}
     if role is not None:
         spec = expect["roles"][role]
-        engine_args = argv[spec["engine_args_from"]:]
-        parsed = parse_with_vllm(engine_args, expect["fork_only_flags"])
-        report["vllm_parser"] = parsed
-        if not parsed["ok"]:
-            problems.append(f"vLLM's argument parser refused the engine arguments: {parsed['error']}")
+        report["engine_args"] = argv[spec["engine_args_from"]:]
         problems += check_env(spec, values)
         problems += check_mounts(spec, expect["model_files"])
         report["values"] = values
@@ -235,8 +204,8 @@ def main(argv: list[str]) -> int:
                 master.accept()[0].close()
 
         threading.Thread(target=accept, daemon=True).start()
-    host = _flag(engine_args, "--host", "0.0.0.0")
-    port = int(_flag(engine_args, "--port", "8000"))
+    host = _flag(report["engine_args"], "--host", "0.0.0.0")
+    port = int(_flag(report["engine_args"], "--port", "8000"))
     print(f"stand-in engine serving {expect['served_name']} on {host}:{port}", flush=True)
     serve(host, port, expect["served_name"], os.environ.get("VLLM_API_KEY") if spec["api_key"] else None)
     return 0
