@@ -13,11 +13,16 @@ from tests.support.vllm_parser import parse_with_vllm, strip_fork_only
 pytestmark = pytest.mark.tool  # runs a real tool or waits in real time: not in `make check-fast`
 
 
-def test_every_rendered_argv_parses_with_the_real_vllm_parser():
-    # vLLM's parser judges the vLLM family; llama.cpp argvs are checked by the pinned flag registry and the real
-    # llama-server (tests/llamacpp).
-    argvs, labels, recipes = [], [], [r for r in all_recipes() if r.engine.family == "vllm"]
-    for r in recipes:
+# An argv stock vLLM refuses (a flag it does not know), and the same argv with that flag declared fork-only.
+BAD = ["--model", "/model", "--no-such-flag-ds4", "1"]
+
+
+@pytest.fixture(scope="module")
+def parsed() -> dict[str, dict]:
+    """Every vLLM-family recipe's rendered engine argv (label "<recipe>/<compose file>/<service>") and the two argvs
+    of BAD, parsed in one engine-venv process (each start imports vLLM: about 20 s on the 2-core host)."""
+    argvs, labels = [], []
+    for r in (r for r in all_recipes() if r.engine.family == "vllm"):
         for file, services in node_files(r).items():
             for svc in services:
                 argv = svc.command[svc.command.index(r.engine.entrypoint[-1]) + 1:]
@@ -25,16 +30,22 @@ def test_every_rendered_argv_parses_with_the_real_vllm_parser():
                          "${DS4_MASTER_ADDR:?set by the deploy}": "192.0.2.1"}.get(a, a) for a in argv]
                 argvs.append(strip_fork_only(argv, r.engine.fork_only_flags))
                 labels.append(f"{r.name}/{file}/{svc.name}")
-    results = parse_with_vllm(argvs)
-    failed = [label for label, res in zip(labels, results, strict=True) if not res["ok"]]
-    assert failed == []
-    by_label = dict(zip(labels, results, strict=True))
-    assert by_label["v100x8-ds41-flash-iq2/compose.yaml/engine"]["tp"] == 4
-    assert by_label["v100x8-ds41-flash-iq2/compose.yaml/engine"]["pp"] == 2
+    argvs += [BAD, strip_fork_only(BAD, ["no-such-flag-ds4"])]
+    labels += ["bad", "bad without its fork-only flag"]
+    return dict(zip(labels, parse_with_vllm(argvs), strict=True))
 
 
-def test_the_parser_rejects_what_stock_vllm_does_not_know():
-    bad = ["--model", "/model", "--no-such-flag-ds4", "1"]
-    assert parse_with_vllm([bad]) == [{"ok": False, "code": 2}]
+def test_every_rendered_argv_parses_with_the_real_vllm_parser(parsed):
+    # vLLM's parser judges the vLLM family; llama.cpp argvs are checked by the pinned flag registry and the real
+    # llama-server (tests/llamacpp).
+    rendered = {label: res for label, res in parsed.items() if label.count("/") == 2}
+    assert len(rendered) >= 3, rendered
+    assert [label for label, res in rendered.items() if not res["ok"]] == []
+    assert rendered["v100x8-ds41-flash-iq2/compose.yaml/engine"]["tp"] == 4
+    assert rendered["v100x8-ds41-flash-iq2/compose.yaml/engine"]["pp"] == 2
+
+
+def test_the_parser_rejects_what_stock_vllm_does_not_know(parsed):
+    assert parsed["bad"] == {"ok": False, "code": 2}
     # Declared fork-only, the flag is removed before parsing, and the rest parses.
-    assert parse_with_vllm([strip_fork_only(bad, ["no-such-flag-ds4"])])[0]["ok"] is True
+    assert parsed["bad without its fork-only flag"]["ok"] is True
