@@ -1,4 +1,5 @@
-"""The real backends every deployed gateway test shares, started once per run (tests/gateway/backends.py)."""
+"""The real backends every deployed gateway test shares, started once per run (tools/gateway_rig.py: the start-up
+`make bench-gateway` uses too)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from ds4deploy.build import gateway_image
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.render import front_door
-from tests.gateway import backends
+from tools import gateway_rig as backends
 
 
 @pytest.fixture(scope="session")
