@@ -88,6 +88,21 @@ def containers(b: str, rig: Rig = TEST_RIG) -> tuple[str, str]:
     return f"{rig.prefix}-backend-{b}", f"{rig.prefix}-backend-{b}-front-door"
 
 
+def missing() -> str | None:
+    """Why the rig cannot start here (no Docker daemon, no llama-server image, no front door image), with the fix;
+    None when it can."""
+    import shutil
+
+    if shutil.which("docker") is None or docker("info", check=False).returncode != 0:
+        return "no Docker daemon: the gateway rig runs real containers"
+    llama = load_recipe("cpu-llamacpp")
+    if not gateway_image.image_exists(llama.image_ref):
+        return f"no {llama.image_ref}: build it with `make llamacpp` or `make deploy RECIPE=cpu-llamacpp`"
+    if not gateway_image.image_exists(front_door.IMAGE):
+        return f"no {front_door.IMAGE}: `make deploy RECIPE=cpu-llamacpp` builds it"
+    return None
+
+
 def model_dir(tmp: Path) -> Path:
     """The cpu-llamacpp recipe's tiny GGUF, staged into `tmp` by the product's own `ds4deploy model stage`
     (generated and verified against the committed manifest; about 5 s)."""
