@@ -220,12 +220,12 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends (not in make test)
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
 
-# The gateway's added TTFT and its memory: one real backend and the gateway over it, started as tests/gateway starts
-# them (tools/gateway_rig.py), requests interleaved straight and through the gateway -> docs/benchmarks.md,
-# docs/results/bench-gateway.json. Not part of `make test`; needs what e2e-gateway needs. Starts and removes its own
-# containers (ds4-gwbench-*, ds4-gw-gwbench-*, ports 18221-18232).
-bench-gateway: venv ## [PAIRS=200] the gateway's added TTFT and memory -> docs/benchmarks.md, docs/results/
-	$(BIN)/python -m tools.benchval.gateway $(if $(PAIRS),--pairs $(PAIRS))
+# The gateway's added TTFT and its memory: one real backend and two gateways over it (SMG, nginx router), started as
+# tests/gateway starts them (tools/gateway_rig.py), requests rotated straight and through each gateway ->
+# docs/benchmarks.md, docs/results/bench-gateway.json. Not part of `make test`; needs what e2e-gateway needs. Starts
+# and removes its own containers (ds4-gwbench-*, ds4-gw-gwbench*, ports 18221-18233); about 3 min on 2 cores.
+bench-gateway: venv ## [ROUNDS=200] the gateway's added TTFT and memory (SMG and nginx routers) -> docs/benchmarks.md
+	$(BIN)/python -m tools.benchval.gateway $(if $(ROUNDS),--rounds $(ROUNDS))
 
 # Time to healthy for one and two nodes and recovery from a killed worker -> docs/benchmarks.md (image built first).
 bench-multinode: venv ## time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md

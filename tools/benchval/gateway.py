@@ -1,19 +1,21 @@
-"""`make bench-gateway`: the TTFT the gateway adds and the memory of its two containers.
+"""`make bench-gateway`: the TTFT a gateway adds and the memory of its containers.
 
 Starts one real backend (tools/gateway_rig.py, the start-up the deployed gateway tests use: llama-server with the
-cpu-llamacpp recipe's image, tiny GGUF and argv, behind that recipe's rendered front door) and a gateway recipe with
-that backend alone in front of it (SMG router and the gateway's front door, the product's render), then sends the
-same streamed request alternately straight to the backend's front door and through the gateway (pairs, the first
-side alternating by pair, so drift on the host hits both sides alike), one at a time.
+cpu-llamacpp recipe's image, tiny GGUF and argv, behind that recipe's rendered front door) and two gateway recipes
+with that backend alone behind them (the product's render): SMG (router container and the gateway's front door) and
+the nginx router (the front door alone). Then sends the same streamed request in rounds, one request at a time:
+straight to the backend's front door, through the SMG gateway, through the nginx gateway, the order rotated by one
+each round, so drift on the host hits every side alike.
 
 Per request: TTFT = send -> first byte of generated text, i.e. the first server-sent event whose ``delta.content``
 is not empty (read with httpx as the bytes arrive); the rest of the stream is read to its end before the next
-request. The added TTFT is the paired difference (through the gateway minus straight, per pair); median and p90
-(nearest rank) of each side and of the difference are reported.
+request. The added TTFT of a gateway is its TTFT minus the straight one of the same round; median and p90 (nearest
+rank) of each side and of each difference are reported.
 
 Memory: ``docker stats`` (the container's cgroup usage less inactive page cache, as `make soak` reads it) of the
-router and the gateway's front door, sampled every `MEM_INTERVAL_S` from before the first request to after a
-concurrent phase (12 streams at once through the gateway, several rounds) that shows what a busy office adds.
+SMG router, both gateways' front doors and the backend's front door, sampled every `MEM_INTERVAL_S` from before the
+first request to after a concurrent phase (12 streams at once through each gateway, many rounds, each stream a new
+session) that shows what a busy office adds.
 
 Writes ``docs/results/bench-gateway.json`` and the ``bench-gateway`` section of ``docs/benchmarks.md``.
 """
@@ -47,7 +49,7 @@ from tools.gateway_rig import BENCH_RIG
 MARK_BEGIN = "<!-- bench-gateway:begin -->"
 MARK_END = "<!-- bench-gateway:end -->"
 NAME = "gwbench"
-PORT, ROUTER_PORT, METRICS_PORT = 18230, 18231, 18232
+PORT, ROUTER_PORT, METRICS_PORT, NGINX_PORT = 18230, 18231, 18232, 18233
 MODEL = "office-tiny"
 PROMPT = "Write a short story about a river, a bridge and three children who watch the leaves on the water."
 # docker stats takes about 1-2 s per call on this host; a sample every 2 s resolves the concurrent phase.
@@ -86,24 +88,34 @@ def first_content_s(client: httpx.Client, url: str, key: str, max_tokens: int, s
     return first
 
 
-def interleaved(direct: str, direct_key: str, through: str, person_key: str, pairs: int, max_tokens: int) -> dict:
-    """`pairs` pairs of the same request straight to the backend and through the gateway (order alternating by pair;
-    4 unrecorded pairs first warm both paths). Returns per-side TTFT lists (s) and the paired differences (s)."""
-    sides = {"direct": (direct, direct_key), "gateway": (through, person_key)}
-    ttft: dict[str, list[float]] = {"direct": [], "gateway": []}
+# The sides of a round, in the order of round 0 (each later round rotates it by one).
+SIDES = ("direct", "smg", "nginx")
+
+
+def interleaved(sides: dict[str, tuple[str, str]], rounds: int, max_tokens: int) -> dict:
+    """`rounds` rounds of the same request to each side (name -> (URL, key)) one at a time, the order rotated by one
+    each round (so each side goes first, second and last alike; 4 unrecorded rounds first warm every path).
+
+    Returns:
+        {side: [TTFT s per round]} and, per gateway side, ``added_<side>``: its TTFT minus the direct one of the
+        same round (s).
+    """
+    names = [s for s in SIDES if s in sides]
+    ttft: dict[str, list[float]] = {s: [] for s in names}
     with httpx.Client(timeout=120) as client:
-        for i in range(-4, pairs):
-            order = ("direct", "gateway") if i % 2 else ("gateway", "direct")
+        for i in range(-4, rounds):
+            order = names[i % len(names):] + names[:i % len(names)]
             got = {s: first_content_s(client, *sides[s], max_tokens, f"bench-{s}") for s in order}
             if i >= 0:
                 for s in order:
                     ttft[s].append(got[s])
-    return ttft | {"added": [g - d for g, d in zip(ttft["gateway"], ttft["direct"], strict=True)]}
+    return ttft | {f"added_{s}": [g - d for g, d in zip(ttft[s], ttft["direct"], strict=True)]
+                   for s in names if s != "direct"}
 
 
 def concurrent_phase(through: str, person_key: str, rounds: int, max_tokens: int) -> float:
-    """`rounds` rounds of `CONCURRENT_SESSIONS` streams at once through the gateway, each stream a new session (so
-    the router's sticky-session table grows by `CONCURRENT_SESSIONS` a round). Returns its seconds."""
+    """`rounds` rounds of `CONCURRENT_SESSIONS` streams at once through a gateway, each stream a new session (so
+    SMG's sticky-session table grows by `CONCURRENT_SESSIONS` a round). Returns its seconds."""
     t0 = time.monotonic()
     with httpx.Client(timeout=300, limits=httpx.Limits(max_connections=CONCURRENT_SESSIONS)) as client, \
             ThreadPoolExecutor(CONCURRENT_SESSIONS) as pool:
@@ -126,8 +138,17 @@ def _mem(sampler: MemorySampler, split_s: float) -> dict:
             "concurrent_max_mib": max(busy) if busy else None}
 
 
+def _recipe(router: str) -> dict:
+    """The benchmark's gateway recipe over backend ``a`` alone: SMG (`NAME`) or the nginx router (`NAME`-nginx)."""
+    base = {"kind": "gateway", "description": f"gateway benchmark over one backend, router {router}",
+            "models": [MODEL], "backends": [gateway_rig.backend_doc("a", BENCH_RIG)], "people": [{"name": "bench"}]}
+    if router == "smg":
+        return base | {"name": NAME, "port": PORT, "router_port": ROUTER_PORT, "router_metrics_port": METRICS_PORT}
+    return base | {"name": f"{NAME}-nginx", "port": NGINX_PORT, "routing": {"router": "nginx"}}
+
+
 def run(ns: argparse.Namespace) -> dict:
-    """Start the backend and the gateway, measure, take both down. Returns the results (see `write_report`).
+    """Start the backend and both gateways, measure, take them down. Returns the results (see `write_report`).
 
     Raises:
         UserError: the rig cannot start here (`gateway_rig.missing`), or a request failed.
@@ -136,45 +157,41 @@ def run(ns: argparse.Namespace) -> dict:
     if why:
         raise UserError(why, "see `make e2e-gateway`'s needs in the Makefile")
     load0 = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="ds4-bench-gateway-") as tmp_s:
+    with tempfile.TemporaryDirectory(prefix="ds4-bench-gateway-") as tmp_s, contextlib.ExitStack() as stack:
         tmp = Path(tmp_s)
         (tmp / "backend").mkdir()
         started = {"names": list(gateway_rig.containers("a", BENCH_RIG))}
-        try:
-            started = gateway_rig.start(tmp / "backend", ("a",), BENCH_RIG)
-            recipe = {"kind": "gateway", "name": NAME, "description": "gateway benchmark over one backend",
-                      "port": PORT, "router_port": ROUTER_PORT, "router_metrics_port": METRICS_PORT,
-                      "models": [MODEL], "backends": [gateway_rig.backend_doc("a", BENCH_RIG)],
-                      "people": [{"name": "bench"}]}
-            (tmp / "gateway").mkdir()
-            with gateway_rig.gateway_up(tmp / "gateway", recipe, started["gw_key"]) as gw:
-                project = f"ds4-gw-{NAME}"
-                t0 = time.monotonic()
-                samplers = [MemorySampler(c, MEM_INTERVAL_S, t0) for c in
-                            (f"{project}-router", f"{project}-front-door", gateway_rig.containers("a", BENCH_RIG)[1])]
-                with contextlib.ExitStack() as stack:
-                    for s in samplers:
-                        stack.enter_context(s)
-                    time.sleep(2 * MEM_INTERVAL_S)  # the idle memory, before any request
-                    ttft = interleaved(started["backend_url"]["a"], started["own_keys"]["a"], gw["url"],
-                                       gw["keys"]["bench"], ns.pairs, ns.max_tokens)
-                    split = time.monotonic() - t0
-                    conc_s = concurrent_phase(gw["url"], gw["keys"]["bench"], ns.rounds, ns.max_tokens)
-                    time.sleep(MEM_INTERVAL_S)
-        finally:
-            gateway_rig.docker("rm", "-f", *started["names"], check=False)
+        stack.callback(lambda: gateway_rig.docker("rm", "-f", *started["names"], check=False))
+        started = gateway_rig.start(tmp / "backend", ("a",), BENCH_RIG)
+        gws = {}
+        for router in ("smg", "nginx"):
+            (tmp / router).mkdir()
+            gws[router] = stack.enter_context(gateway_rig.gateway_up(tmp / router, _recipe(router),
+                                                                     started["gw_key"]))
+        t0 = time.monotonic()
+        containers = {"router": f"ds4-gw-{NAME}-router", "front_door": f"ds4-gw-{NAME}-front-door",
+                      "nginx_router_door": f"ds4-gw-{NAME}-nginx-front-door",
+                      "backend_front_door": gateway_rig.containers("a", BENCH_RIG)[1]}
+        samplers = {k: stack.enter_context(MemorySampler(c, MEM_INTERVAL_S, t0)) for k, c in containers.items()}
+        time.sleep(2 * MEM_INTERVAL_S)  # the idle memory, before any request
+        sides = {"direct": (started["backend_url"]["a"], started["own_keys"]["a"])}
+        sides |= {r: (gw["url"], gw["keys"]["bench"]) for r, gw in gws.items()}
+        ttft = interleaved(sides, ns.rounds, ns.max_tokens)
+        split = time.monotonic() - t0
+        conc_s = {r: concurrent_phase(gw["url"], gw["keys"]["bench"], ns.concurrent_rounds, ns.max_tokens)
+                  for r, gw in gws.items()}
+        time.sleep(MEM_INTERVAL_S)
     argv = json.loads((REPO_ROOT / "compose" / "cpu-llamacpp" / "engine-args.json").read_text())
     return {"date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "host": f"{platform.machine()}, {os.cpu_count()} cores, shared with other work (1-minute load average "
                     f"{load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)",
-            "router": "smg", "router_image": gateway_image.image_ref(),
+            "router_image": gateway_image.image_ref(),
             "engine": "llama-server with the cpu-llamacpp recipe's argv: tiny GGUF, "
                       f"{argv[argv.index('-t') + 1]} thread",
-            "pairs": ns.pairs, "max_tokens": ns.max_tokens, "prompt": PROMPT,
-            "direct": _stats(ttft["direct"]), "gateway": _stats(ttft["gateway"]), "added": _stats(ttft["added"]),
-            "ttft_s": ttft, "concurrent": {"sessions": CONCURRENT_SESSIONS, "rounds": ns.rounds, "seconds": conc_s},
-            "memory": {"router": _mem(samplers[0], split), "front_door": _mem(samplers[1], split),
-                       "backend_front_door": _mem(samplers[2], split)}}
+            "rounds": ns.rounds, "max_tokens": ns.max_tokens, "prompt": PROMPT,
+            "ttft": {k: _stats(v) for k, v in ttft.items()}, "ttft_s": ttft,
+            "concurrent": {"sessions": CONCURRENT_SESSIONS, "rounds": ns.concurrent_rounds, "seconds": conc_s},
+            "memory": {k: _mem(s, split) for k, s in samplers.items()}}
 
 
 def _f(v: float | None, fmt: str = ".0f") -> str:
@@ -184,46 +201,51 @@ def _f(v: float | None, fmt: str = ".0f") -> str:
 def write_report(res: dict, md_path: Path) -> None:
     """Write the raw JSON beside `md_path` and replace the bench-gateway section of the markdown."""
     results_beside(md_path, "bench-gateway.json").write_text(json.dumps(res, indent=2) + "\n")
-    d, g, a = res["direct"], res["gateway"], res["added"]
-    mem = res["memory"]
+    tt, mem, conc = res["ttft"], res["memory"], res["concurrent"]
     lines = [
         MARK_BEGIN,
         "## The gateway's cost: added TTFT and memory (`make bench-gateway`)",
         "",
         f"{res['date']}, host {res['host']}. One backend ({res['engine']}; behind the cpu-llamacpp recipe's front "
-        f"door) and a gateway over it alone (router {res['router']}, `{res['router_image']}`, and the gateway's "
-        f"front door), all on loopback. {res['pairs']} pairs of the same streamed chat request "
-        f"({res['max_tokens']} output tokens, temperature 0), one at a time, alternately straight to the backend's "
-        "front door with its key and through the gateway with a person's key, the first side alternating by pair. "
-        "TTFT: send to the first event carrying generated text.",
+        "door) and two gateways over it alone, all on loopback: SMG (the router container, "
+        f"`{res['router_image']}`, behind the gateway's front door) and the nginx router (`routing.router: nginx`, "
+        f"the front door alone). {res['rounds']} rounds of the same streamed chat request ({res['max_tokens']} "
+        "output tokens, temperature 0), one request at a time: straight to the backend's front door with its key, "
+        "through each gateway with a person's key, the order rotated each round. TTFT: send to the first event "
+        "carrying generated text; added: a gateway's TTFT minus the straight one of the same round.",
         "",
         "| TTFT ms | median | p90 | min-max |",
         "|---|---|---|---|",
-        f"| straight to the backend | {d['median_ms']:.1f} | {d['p90_ms']:.1f} | {d['min_ms']:.1f}-{d['max_ms']:.1f} |",
-        f"| through the gateway | {g['median_ms']:.1f} | {g['p90_ms']:.1f} | {g['min_ms']:.1f}-{g['max_ms']:.1f} |",
-        f"| added (gateway minus straight, per pair) | {a['median_ms']:.1f} | {a['p90_ms']:.1f} | "
-        f"{a['min_ms']:.1f}-{a['max_ms']:.1f} |",
+    ]
+    for label, key in (("straight to the backend", "direct"), ("through the gateway, SMG", "smg"),
+                       ("through the gateway, nginx router", "nginx"), ("added by the gateway, SMG", "added_smg"),
+                       ("added by the gateway, nginx router", "added_nginx")):
+        s = tt[key]
+        lines.append(f"| {label} | {s['median_ms']:.1f} | {s['p90_ms']:.1f} | {s['min_ms']:.1f} to "
+                     f"{s['max_ms']:.1f} |")
+    lines += [
         "",
-        f"Memory (docker stats, MiB): before the first request, the most while the pairs ran or after, and the most "
-        f"during {res['concurrent']['rounds']} rounds of {res['concurrent']['sessions']} streams at once through the "
-        f"gateway, each stream a new session ({res['concurrent']['seconds']:.0f} s; sampled every "
-        f"{MEM_INTERVAL_S:.0f} s).",
+        "Memory (docker stats, MiB): before the first request, the most over the run, and the most during the "
+        f"concurrent phase: {conc['rounds']} rounds of {conc['sessions']} streams at once through each gateway, each "
+        f"stream a new session (SMG {conc['seconds']['smg']:.0f} s, nginx {conc['seconds']['nginx']:.0f} s; sampled "
+        f"every {MEM_INTERVAL_S:.0f} s).",
         "",
         "| container | before | most | most, concurrent phase |",
         "|---|---|---|---|",
     ]
-    for label, key in (("router (SMG)", "router"), ("gateway front door (nginx)", "front_door"),
+    for label, key in (("router (SMG)", "router"), ("gateway front door before SMG (nginx)", "front_door"),
+                       ("gateway front door routing itself (nginx router)", "nginx_router_door"),
                        ("backend front door (nginx), for comparison", "backend_front_door")):
         m = mem[key]
         lines.append(f"| {label} | {_f(m['before_mib'], '.1f')} | {_f(m['max_mib'], '.1f')} | "
                      f"{_f(m['concurrent_max_mib'], '.1f')} |")
     lines += [
         "",
-        "What it does not show: a backend on another host (the office network's round trip comes on top of the "
-        "router's and door's own cost, once per request), a real model's TTFT (the tiny model answers in "
-        "milliseconds, so the added time is visible; on DeepSeek V4 Flash it is a small share of a prefill), the "
-        "nginx router (`routing.router: nginx`), memory after days of sessions (SMG keeps a sticky-session entry "
-        "per session key for `sticky_idle_s`), and TTFT under concurrent load.",
+        "What it does not show: a backend on another host (the office network's round trip comes on top, once per "
+        "hop), a real model's TTFT (the tiny model answers in milliseconds, so the added time is visible; on "
+        "DeepSeek V4 Flash it is a small share of a prefill), TTFT under concurrent load, routing between several "
+        "backends (one backend here: the policy has one choice), and memory after days of sessions (SMG keeps a "
+        "sticky-session entry per session key for `sticky_idle_s`).",
         "",
         "Raw per-request numbers: `docs/results/bench-gateway.json`.",
         MARK_END,
@@ -234,9 +256,11 @@ def write_report(res: dict, md_path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     """`make bench-gateway`. Exit 0 with the report written; 2 with one message on a problem."""
     ap = argparse.ArgumentParser(prog="bench-gateway", description=__doc__.split("\n")[0])
-    ap.add_argument("--pairs", type=int, default=200, help="recorded request pairs (default 200)")
+    ap.add_argument("--rounds", type=int, default=200,
+                    help="recorded rounds, one request to each side (default 200)")
     ap.add_argument("--max-tokens", type=int, default=16, help="output tokens per request (default 16)")
-    ap.add_argument("--rounds", type=int, default=40, help="rounds of the concurrent phase (default 40)")
+    ap.add_argument("--concurrent-rounds", type=int, default=40,
+                    help="rounds of the concurrent phase, per gateway (default 40)")
     ap.add_argument("--out", default="docs/benchmarks.md", help="markdown file to write the section into")
     ns = ap.parse_args(argv)
     try:
@@ -245,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.cause}\nfix: {exc.fix}", file=sys.stderr)
         return exc.code
     write_report(res, REPO_ROOT / ns.out)
-    print(f"added TTFT median {res['added']['median_ms']:.1f} ms, p90 {res['added']['p90_ms']:.1f} ms; router "
-          f"{res['memory']['router']['max_mib']:.1f} MiB, front door {res['memory']['front_door']['max_mib']:.1f} MiB")
+    tt, mem = res["ttft"], res["memory"]
+    print(f"added TTFT median (p90): SMG {tt['added_smg']['median_ms']:.1f} ({tt['added_smg']['p90_ms']:.1f}) ms, "
+          f"nginx router {tt['added_nginx']['median_ms']:.1f} ({tt['added_nginx']['p90_ms']:.1f}) ms; SMG router "
+          f"{mem['router']['max_mib']:.1f} MiB at most, its door {mem['front_door']['max_mib']:.1f} MiB")
     return 0
 
 
