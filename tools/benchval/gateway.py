@@ -227,8 +227,9 @@ def write_report(res: dict, md_path: Path) -> None:
         "",
         "Memory (docker stats, MiB): before the first request, the most over the run, and the most during the "
         f"concurrent phase: {conc['rounds']} rounds of {conc['sessions']} streams at once through each gateway, each "
-        f"stream a new session (SMG {conc['seconds']['smg']:.0f} s, nginx {conc['seconds']['nginx']:.0f} s; sampled "
-        f"every {MEM_INTERVAL_S:.0f} s).",
+        f"stream a new session (SMG {conc['seconds']['smg']:.0f} s, nginx {conc['seconds']['nginx']:.0f} s). Each "
+        f"container sampled {min(m['samples'] for m in mem.values())}-{max(m['samples'] for m in mem.values())} "
+        f"times ({MEM_INTERVAL_S:.0f} s apart, plus what `docker stats` takes to answer).",
         "",
         "| container | before | most | most, concurrent phase |",
         "|---|---|---|---|",
