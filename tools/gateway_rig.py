@@ -43,25 +43,16 @@ BACKEND_MODEL = {"a": "office-tiny", "b": "office-tiny", "c": "office-other"}
 @dataclass(frozen=True)
 class Rig:
     """Names and loopback ports of one set of backends: containers ``<prefix>-backend-<b>`` (engine) and
-    ``<prefix>-backend-<b>-front-door``; backend `b`'s front door (what the gateway reaches) on ``door_base + i`` and
-    its llama-server (holding its own key only) on ``door_base + 3 + i``, i = 0, 1, 2 for a, b, c."""
+    ``<prefix>-backend-<b>-front-door``; backend -> its front door's port (what the gateway reaches), and backend ->
+    its llama-server's port (the engine holds its own key only)."""
 
     prefix: str
-    door_base: int
-
-    @property
-    def backend_ports(self) -> dict[str, int]:
-        """backend -> its front door's port."""
-        return {b: self.door_base + i for i, b in enumerate(BACKEND_MODEL)}
-
-    @property
-    def engine_ports(self) -> dict[str, int]:
-        """backend -> its llama-server's port."""
-        return {b: self.door_base + 3 + i for i, b in enumerate(BACKEND_MODEL)}
+    backend_ports: dict[str, int]
+    engine_ports: dict[str, int]
 
 
-TEST_RIG = Rig("ds4-gwtest", 18121)
-BENCH_RIG = Rig("ds4-gwbench", 18221)
+TEST_RIG = Rig("ds4-gwtest", {"a": 18121, "b": 18122, "c": 18123}, {"a": 18124, "b": 18125, "c": 18126})
+BENCH_RIG = Rig("ds4-gwbench", {"a": 18221, "b": 18222, "c": 18223}, {"a": 18224, "b": 18225, "c": 18226})
 # The tests' ports, as the tests name them.
 BACKEND_PORTS = TEST_RIG.backend_ports
 ENGINE_PORTS = TEST_RIG.engine_ports
