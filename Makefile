@@ -216,7 +216,7 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 # GGUF), then routing, sticky sessions, people's keys, revocation and usage checked (tests/gateway). Not part of
 # `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image on first use (pip downloads
 # its pinned wheels); drain/rejoin and the conformance matrix through the gateway too. On the 2-core machine
-# 160 s with the gateway image built, about 24 s more building it (2026-12-02; SMG and nginx routers).
+# 143-160 s with the gateway image built, about 24 s more building it (2026-12-02; SMG and nginx routers).
 e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends (not in make test)
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
 

@@ -58,7 +58,6 @@ BACKEND_PORTS = TEST_RIG.backend_ports
 ENGINE_PORTS = TEST_RIG.engine_ports
 
 
-
 def engine_args(port: int, model: str) -> list[str]:
     """The cpu-llamacpp recipe's committed llama-server argv (compose/cpu-llamacpp/engine-args.json: the stack's
     model file, context, slots, default output length, threads and flags, so the conformance matrix through the
