@@ -18,7 +18,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-gateway bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway
 
 help: ## this list (each target's own `##` comment)
 	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
@@ -216,9 +216,16 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 # GGUF), then routing, sticky sessions, people's keys, revocation and usage checked (tests/gateway). Not part of
 # `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image on first use (pip downloads
 # its pinned wheels); drain/rejoin and the conformance matrix through the gateway too. On the 2-core machine
-# 156 s with the gateway image built, about 24 s more building it (2026-12-02; SMG and nginx routers).
+# 143-160 s with the gateway image built, about 24 s more building it (2026-12-02; SMG and nginx routers).
 e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends (not in make test)
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
+
+# The gateway's added TTFT and its memory: one real backend and two gateways over it (SMG, nginx router), started as
+# tests/gateway starts them (tools/gateway_rig.py), requests rotated straight and through each gateway ->
+# docs/benchmarks.md, docs/results/bench-gateway.json. Not part of `make test`; needs what e2e-gateway needs. Starts
+# and removes its own containers (ds4-gwbench-*, ds4-gw-gwbench*, ports 18221-18233); about 3 min on 2 cores.
+bench-gateway: venv ## [ROUNDS=200] the gateway's added TTFT and memory (SMG and nginx routers) -> docs/benchmarks.md
+	$(BIN)/python -m tools.benchval.gateway $(if $(ROUNDS),--rounds $(ROUNDS))
 
 # Time to healthy for one and two nodes and recovery from a killed worker -> docs/benchmarks.md (image built first).
 bench-multinode: venv ## time to healthy (1 and 2 nodes), recovery from a killed worker -> docs/benchmarks.md

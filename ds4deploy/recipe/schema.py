@@ -1334,7 +1334,8 @@ class GatewayRecipe(Strict):
     fallback: dict[Annotated[str, Field(pattern=MODEL_NAME_RE)], Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
         default_factory=dict,
         description="model name -> the model name a request may be answered by when no backend of the first "
-                    "serves (both in models; not applied by the router yet: docs/gateway.md)")
+                    "serves (both in models). Refused for now: SMG 1.13.0 cannot apply it (docs/gateway.md, "
+                    "\"Fallback model\")")
     backends: list[GatewayBackend] = Field(min_length=1, description="the deployments behind the gateway")
     people: list[GatewayPerson] = Field(min_length=1, description="everyone who gets a key")
     people_key_file: NodePath = Field(

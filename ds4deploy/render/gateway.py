@@ -35,6 +35,7 @@ from pydantic import ValidationError
 
 from ds4deploy.build.gateway_image import image_ref
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.keys import KEY_RE
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
@@ -45,9 +46,6 @@ from ds4deploy.render.compose import COMPOSE_DIR
 
 # Where the people maps are mounted in the front door container (written on the host by `write_people_maps`).
 CONTAINER_PEOPLE_DIR = "/etc/ds4deploy/people"
-# A person's key: the alphabet the front door admits for every key (images/proxy/entrypoint.sh), long enough that
-# guessing it is hopeless (32 characters of 64 symbols: 192 bits).
-KEY_RE = re.compile(r"^[A-Za-z0-9_-]{32,}$")
 PERSON_LINE_RE = re.compile(r"^(?P<person>\S+)\s+(?P<key>\S+)$")
 
 
@@ -75,7 +73,8 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
         The validated `GatewayRecipe`.
     Raises:
         UserError: missing file, YAML error, credentials in the file, schema problems (each with its key path,
-            value, line and what is allowed), or a backend problem (`resolve_backends`).
+            value, line and what is allowed), a ``fallback`` (the router cannot apply it: docs/gateway.md,
+            "Fallback model"), or a backend problem (`resolve_backends`).
     """
     text = str(name_or_path)
     path = Path(text) if text.endswith((".yaml", ".yml")) or "/" in text else gateways_dir() / f"{text}.yaml"
@@ -106,6 +105,15 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
                         "cannot route by the body's model name",
                         "list one model name in models (and only backends serving it), run one nginx gateway per "
                         "model name on its own port, or set routing.router: smg, which routes by model name")
+    if gw.fallback:
+        # What the router cannot do is refused, not ignored: a recipe saying it would promise what no request gets.
+        pairs = ", ".join(f"{src} -> {dst}" for src, dst in sorted(gw.fallback.items()))
+        raise UserError(f"{path}: fallback ({pairs}) cannot be applied: SMG 1.13.0 has no fallback model (its "
+                        "--model-alias is dropped while a backend serves the name and does not come back when that "
+                        "backend is drained or dies), and the front door cannot resend a request under another "
+                        "model name",
+                        "remove fallback: and serve the model name from a second backend (the router then moves its "
+                        "sessions there); docs/gateway.md, \"Fallback model\", says why")
     resolve_backends(gw)
     return gw
 

@@ -1,10 +1,10 @@
 """The gateway in front of real backends on this machine (`make e2e-gateway`; not part of `make test`).
 
-The three real backends of tests/gateway/backends.py (llama-server behind the cpu-llamacpp recipe's rendered front
+The three real backends of tools/gateway_rig.py (llama-server behind the cpu-llamacpp recipe's rendered front
 door, each with its own key and the gateway's beside it). A gateway recipe names them by URL; its
 render (the SMG router image built from images/gateway/ and the stacks' front door image) is started with `docker
 compose` from a temporary render directory, with the gateway key file and the people key file written for the test
-(mode 0600).
+(mode 0600), by `tools.gateway_rig.gateway_up`.
 
 Proven here: backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
 listed once across backends, 12 sessions x 3 turns each kept on one backend with both backends used, per-person keys
@@ -28,15 +28,19 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import yaml
 
-from ds4deploy.build import gateway_image
 from ds4deploy.conformance import cases
-from ds4deploy.model.manifest import load_manifest
 from ds4deploy.operate import nginx_reload
-from ds4deploy.recipe.load import load_recipe
-from ds4deploy.render import gateway
-from tests.gateway.backends import BACKEND_MODEL, BACKEND_PORTS, ENGINE_PORTS, REPO, docker, write_secret
+from tools.gateway_rig import (
+    BACKEND_MODEL,
+    BACKEND_PORTS,
+    ENGINE_PORTS,
+    REPO,
+    backend_doc,
+    docker,
+    gateway_up,
+    write_secret,
+)
 
 PORT, ROUTER_PORT, METRICS_PORT = 18130, 18131, 18132
 NAME = "gwtest"
@@ -46,46 +50,17 @@ PEOPLE = ("alice", "bob", "carol")
 @pytest.fixture(scope="module")
 def office(tmp_path_factory, office_backends):
     """The running gateway: yields a dict with its URL, the people's keys, the paths and the backends' URLs."""
-    tmp = tmp_path_factory.mktemp("gateway")
-    t0 = time.monotonic()
-    router_image = gateway_image.build()
-    print(f"\ngateway image {router_image} ready in {time.monotonic() - t0:.0f} s")
-    llama = load_recipe("cpu-llamacpp")
-    gw_key, own_keys = office_backends["gw_key"], office_backends["own_keys"]
-    people_keys = {p: f"ds4p-{p}-" + secrets.token_urlsafe(30) for p in PEOPLE}
-    people_file = write_secret(tmp / "people", "".join(f"{p} {k}\n" for p, k in people_keys.items()))
-    key_file = write_secret(tmp / "gateway.env", f"VLLM_API_KEY={gw_key}\n")
-    write_secret(tmp / "gateway.metrics.env", "DS4_METRICS_KEY=ds4m-" + secrets.token_hex(20) + "\n")
-    ident = gateway.manifest_identity(load_manifest(llama)["files"])
     recipe = {
         "kind": "gateway", "name": NAME, "description": "test gateway over three llama-server backends",
         "port": PORT, "router_port": ROUTER_PORT, "router_metrics_port": METRICS_PORT,
         "models": ["office-tiny", "office-other"],
-        "backends": [{"name": b, "url": f"http://127.0.0.1:{p}", "models": [BACKEND_MODEL[b]],
-                      "manifest_sha256": ident} for b, p in BACKEND_PORTS.items()],
+        "backends": [backend_doc(b) for b in BACKEND_PORTS],
         "people": [{"name": p} for p in PEOPLE],
-        "people_key_file": str(people_file), "key_file": str(key_file),
     }
-    recipe_path = tmp / f"{NAME}.yaml"
-    recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
-    gw = gateway.load_gateway(recipe_path)
-    render_root = tmp / "render"
-    gateway.write(gw, gateway.render(gw), render_root)
-    compose = render_root / NAME / "compose.yaml"
-    p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", str(recipe_path)],
-                       capture_output=True, text=True, check=True, cwd=REPO)
-    assert "3 person(s)" in p.stdout
-    up = subprocess.run(["docker", "compose", "-f", str(compose), "up", "-d", "--wait", "--wait-timeout", "120"],
-                        capture_output=True, text=True, check=False)
-    try:
-        assert up.returncode == 0, up.stdout + up.stderr + docker("logs", f"ds4-gw-{NAME}-router", check=False).stderr
-        print(f"gateway up {time.monotonic() - t0:.0f} s after the test started")
-        yield {"url": f"http://127.0.0.1:{PORT}", "keys": people_keys, "recipe": recipe_path,
-               "people_file": people_file, "gw_key": gw_key, "own_keys": own_keys,
-               "backend_url": {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}}
-    finally:
-        subprocess.run(["docker", "compose", "-f", str(compose), "down", "-v", "--timeout", "10"],
-                       capture_output=True, check=False)
+    with gateway_up(tmp_path_factory.mktemp("gateway"), recipe, office_backends["gw_key"]) as gw:
+        assert "3 person(s)" in gw["keys_output"]
+        yield gw | {"own_keys": office_backends["own_keys"],
+                    "backend_url": {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}}
 
 
 def chat(office, person: str, model: str = "office-tiny", session: str | None = None, *,

@@ -1,8 +1,9 @@
 """The nginx router (``routing.router: nginx``) in front of real backends (`make e2e-gateway`; not in `make test`).
 
-Backends ``a`` and ``b`` of tests/gateway/backends.py (llama-server behind the cpu-llamacpp recipe's rendered front
+Backends ``a`` and ``b`` of tools/gateway_rig.py (llama-server behind the cpu-llamacpp recipe's rendered front
 door, each accepting its own key and the gateway's) serve ``office-tiny``. A gateway recipe with router nginx names
-them by URL; its render (the stacks' front door image alone, routing by itself) is started with `docker compose`.
+them by URL; its render (the stacks' front door image alone, routing by itself) is started with `docker compose`
+(`tools.gateway_rig.gateway_up`).
 
 Proven here: every turn of a session on one backend with both backends used (consistent hashing on the session
 header), the gateway key presented to the backends (a person's key would be refused there), streams delivered as
@@ -12,75 +13,40 @@ first backend once it returns, and the recipe's one-model rule at render time.
 
 from __future__ import annotations
 
-import secrets
-import subprocess
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-import yaml
 
-from ds4deploy.model.manifest import load_manifest
-from ds4deploy.recipe.load import load_recipe
-from ds4deploy.render import gateway
-from tests.gateway import backends
-from tests.gateway.backends import BACKEND_PORTS, REPO, docker, write_secret
+from tools import gateway_rig as backends
+from tools.gateway_rig import BACKEND_PORTS, docker
 
 PORT = 18140
 NAME = "gwnginx"
 PEOPLE = ("alice", "bob")
 
 
-def recipe_doc(keys_dir, **changes) -> dict:
-    """The test's nginx-router gateway recipe over backends a and b (office-tiny), with `changes` applied."""
-    ident = gateway.manifest_identity(load_manifest(load_recipe("cpu-llamacpp"))["files"])
-    doc = {
+def recipe_doc() -> dict:
+    """The test's nginx-router gateway recipe over backends a and b (office-tiny)."""
+    return {
         "kind": "gateway", "name": NAME, "description": "nginx-router test gateway over two llama-server backends",
         "port": PORT, "models": ["office-tiny"],
-        "backends": [{"name": b, "url": f"http://127.0.0.1:{BACKEND_PORTS[b]}", "models": ["office-tiny"],
-                      "manifest_sha256": ident} for b in ("a", "b")],
+        "backends": [backends.backend_doc(b) for b in ("a", "b")],
         "people": [{"name": p} for p in PEOPLE],
-        "people_key_file": str(keys_dir / "people"), "key_file": str(keys_dir / "gateway.env"),
         "routing": {"router": "nginx"},
     }
-    doc.update(changes)
-    return doc
 
 
 @pytest.fixture(scope="module")
 def nginx_office(tmp_path_factory, office_backends):
     """The running nginx-router gateway: yields its URL, the people's keys and the backends' addresses."""
-    tmp = tmp_path_factory.mktemp("gwnginx")
-    t0 = time.monotonic()
     backends.revive("a", "b")  # an earlier module's last test killed a backend
-    people_keys = {p: f"ds4p-{p}-" + secrets.token_urlsafe(30) for p in PEOPLE}
-    write_secret(tmp / "people", "".join(f"{p} {k}\n" for p, k in people_keys.items()))
-    write_secret(tmp / "gateway.env", f"VLLM_API_KEY={office_backends['gw_key']}\n")
-    write_secret(tmp / "gateway.metrics.env", "DS4_METRICS_KEY=ds4m-" + secrets.token_hex(20) + "\n")
-    recipe_path = tmp / f"{NAME}.yaml"
-    recipe_path.write_text(yaml.safe_dump(recipe_doc(tmp), sort_keys=False))
-    gw = gateway.load_gateway(recipe_path)
-    files = gateway.render(gw)
-    assert sorted(files) == ["compose.yaml", "front-door.conf.template"]
-    gateway.write(gw, files, tmp / "render")
-    compose = tmp / "render" / NAME / "compose.yaml"
-    subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", str(recipe_path)],
-                   capture_output=True, text=True, check=True, cwd=REPO)
-    up = subprocess.run(["docker", "compose", "-f", str(compose), "up", "-d", "--wait", "--wait-timeout", "60"],
-                        capture_output=True, text=True, check=False)
-    try:
-        logs = docker("logs", f"ds4-gw-{NAME}-front-door", check=False)
-        logs = logs.stdout[-3000:] + logs.stderr[-3000:]
-        assert up.returncode == 0, up.stdout + up.stderr + logs
-        print(f"\nnginx gateway up in {time.monotonic() - t0:.0f} s")
-        yield {"url": f"http://127.0.0.1:{PORT}", "keys": people_keys,
-               "addr": {b: f"127.0.0.1:{BACKEND_PORTS[b]}" for b in ("a", "b")}}
-    finally:
-        subprocess.run(["docker", "compose", "-f", str(compose), "down", "-v", "--timeout", "10"],
-                       capture_output=True, check=False)
+    with backends.gateway_up(tmp_path_factory.mktemp("gwnginx"), recipe_doc(), office_backends["gw_key"],
+                             wait_s=60) as gw:
+        assert sorted(p.name for p in gw["compose"].parent.iterdir()) == ["compose.yaml", "front-door.conf.template"]
+        yield gw | {"addr": {b: f"127.0.0.1:{BACKEND_PORTS[b]}" for b in ("a", "b")}}
 
 
 def chat(gw, session: str | None, person: str = "alice", **extra) -> httpx.Response:

@@ -249,6 +249,15 @@ def test_the_nginx_router_serves_one_model_name(tmp_path: Path) -> None:
     render_refused(path, "backend 'c' does not serve 'ds4-tiny'")
 
 
+def test_a_fallback_is_refused_not_ignored(tmp_path: Path) -> None:
+    """SMG 1.13.0 cannot apply `fallback:` (docs/gateway.md, "Fallback model"): a recipe naming one is refused with
+    the reason, rather than rendered into a gateway that silently does not fall back."""
+    path = office(tmp_path, models=["ds4-tiny", "ds4-tiny-b"], fallback={"ds4-tiny": "ds4-tiny-b"})
+    render_refused(path, "fallback (ds4-tiny -> ds4-tiny-b) cannot be applied", "--model-alias", "remove fallback:")
+    render_refused(office(tmp_path, fallback={"ds4-tiny": "other"}), "fallback ds4-tiny -> other",
+                   "other names listed in models")
+
+
 def test_router_settings_belong_to_their_router(tmp_path: Path) -> None:
     render_refused(office_nginx(tmp_path, router_port=8035), "router nginx has no router process")
     render_refused(office_nginx(tmp_path, routing={"policy": "least_load"}), "policy set SMG's routing")

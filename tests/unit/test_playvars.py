@@ -10,6 +10,7 @@ import yaml
 
 from ds4deploy.cli import main
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.keys import KEY_PATTERN
 from ds4deploy.plan import playvars
 from ds4deploy.plan.inventory import read_inventory
 from ds4deploy.recipe.load import load_recipe
@@ -36,6 +37,7 @@ def test_play_vars_are_the_committed_render_plus_provisioning_plus_the_plan():
     assert got["ds4_node_plan"]["node-b"]["role"] == "worker"
     assert got["ds4_node_plan"]["node-b"]["launch_env"]["DS4_NODE_RANK"] == "1"
     assert got["ds4_node"] == "{{ ds4_node_plan[inventory_hostname] }}"
+    assert got["ds4_key_pattern"] == KEY_PATTERN  # the preflight's key form (tests/unit/test_keys.py)
     # Provisioning needs no node plan (the test hosts carry no ranks).
     assert "ds4_node_plan" not in playvars.play_vars(recipe, {}, "provision")
 

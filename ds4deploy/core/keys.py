@@ -1,0 +1,31 @@
+"""The form of a key the front doors admit: the one source of the rule every check of it derives from.
+
+A key (a person's key at the gateway, the gateway key a backend's front door accepts) is `KEY_MIN_CHARS` or more
+characters of `KEY_ALPHABET`. The alphabet is the characters that are literal inside an nginx regular expression and
+need no quoting in a map or an ``if``: the front doors compare keys with regular expressions
+(ds4deploy/render/gateway.py `people_maps`, images/proxy/entrypoint.sh). 32 characters of 64 symbols are 192 bits:
+guessing one is hopeless.
+
+Who reads it:
+
+- `KEY_RE` (Python): the people key file (ds4deploy/render/gateway.py `read_people_keys`);
+- `KEY_PATTERN` (the same text, read alike by Python's ``re`` and POSIX extended regular expressions, ``grep -E``):
+  the deploy's preflight of a backend's gateway key file, passed to the play as ``ds4_key_pattern``
+  (ds4deploy/plan/playvars.py, ansible/roles/preflight/tasks/serving.yml);
+- `KEY_ALPHABET`: the front door container's own guard, a shell pattern ``*[!<alphabet>]*`` in
+  images/proxy/entrypoint.sh (the container has no Python); tests/unit/test_keys.py derives that pattern from here
+  and proves the script accepts exactly this alphabet.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The body of a bracket expression: the same characters in Python's re, POSIX ERE and a shell pattern's [...] ('-'
+# last, so it is literal in all three).
+KEY_ALPHABET = "A-Za-z0-9_-"
+# 32 characters of 64 symbols: 192 bits.
+KEY_MIN_CHARS = 32
+# A whole key: Python's re and POSIX ERE (grep -E) read it alike. Anchor it (re.fullmatch, grep -x).
+KEY_PATTERN = f"[{KEY_ALPHABET}]{{{KEY_MIN_CHARS},}}"
+KEY_RE = re.compile(f"^{KEY_PATTERN}$")
