@@ -7,6 +7,8 @@ SHELL := /bin/bash
 
 RECIPE ?= cpu
 INVENTORY ?= ansible/inventories/local.yml
+# RECIPE names a gateway recipe (recipes/gateways/<name>.yaml): deploy, status and down take the gateway's path.
+GATEWAY := $(wildcard recipes/gateways/$(RECIPE).yaml)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -47,6 +49,11 @@ deploy: venv ## [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml] deploy th
 ## MODEL_FROM=<file|dir>: copy a local model (e.g. GGUF parts) to the nodes
 ## RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml: two nodes (workers first)
 ## starts `ds4deploy supervise` as a service afterwards
+## RECIPE=<gateway> (recipes/gateways/): the gateway on the inventory's gateway host (docs/gateway.md)
+ifneq ($(GATEWAY),)
+	@vars=$$($(BIN)/ds4deploy gateway vars $(RECIPE) --inventory $(INVENTORY) --scope deploy) && \
+	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/gateway.yml -e gateway=$(RECIPE) -e ds4_gw_vars_file=$$vars
+else
 	@vars=$$($(BIN)/ds4deploy vars $(RECIPE) --inventory $(INVENTORY) --scope deploy \
 	  $(if $(OFFLINE),--bundle $(abspath $(OFFLINE))) $(if $(MODEL_FROM),--model-from $(abspath $(MODEL_FROM)))) && $(if $(OFFLINE),echo "bundle verified: $(OFFLINE)" &&) \
 	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE) \
@@ -56,16 +63,27 @@ deploy: venv ## [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml] deploy th
 	@# every check has passed (ds4_pause_supervisor), and it is started again here.
 	@$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY)
 	@$(BIN)/ds4deploy summary $(RECIPE)
+endif
 
 down: venv ## [RECIPE=..] [INVENTORY=..] stop the supervisor, then the stack (head first)
+## a gateway: its logs saved first, then its containers removed
+ifneq ($(GATEWAY),)
+	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/gateway-down.yml -e gateway=$(RECIPE)
+else
 	@$(BIN)/ds4deploy supervisor stop $(RECIPE)
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/down.yml -e recipe=$(RECIPE)
+endif
 
 # Every node of the recipe: containers, /health on the head; `make logs [LINES=200]` adds each node's log tail.
 # Printed as docker printed them (ds4deploy status); Ansible's own output only on failure or with V=1.
 status: venv ## [RECIPE=..] [INVENTORY=..] [V=1] every node's containers, /health, the supervisor
+## a gateway: its containers, its front door's /health, every backend's readiness
+ifneq ($(GATEWAY),)
+	@$(BIN)/ds4deploy gateway status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
+else
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
 	@$(BIN)/ds4deploy supervisor status $(RECIPE) || true
+endif
 
 logs: venv ## [LINES=200] [V=1] status plus each node's log tail
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) --logs $(or $(LINES),200) $(if $(V),--verbose)

@@ -198,15 +198,27 @@ def read_people_keys(gw: GatewayRecipe, path: Path | None = None) -> dict[str, s
     if stat.S_IMODE(path.stat().st_mode) & 0o077:
         raise UserError(f"{path} is readable or writable by group or others (mode "
                         f"{stat.S_IMODE(path.stat().st_mode):04o})", f"chmod 600 {path}")
-    listed = {p.name for p in gw.people}
-    keys: dict[str, str] = {}
-    owner: dict[str, tuple[str, int]] = {}
-    problems = []
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read the people key file {path}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}",
                         "run as the file's owner (sudo), and keep it UTF-8 text of '<person> <key>' lines") from None
+    return parse_people_keys(gw, text, str(path))
+
+
+def parse_people_keys(gw: GatewayRecipe, text: str, where: str) -> dict[str, str]:
+    """The people key file's text (`read_people_keys`; the gateway deploy reads it on the gateway host): person ->
+    key for the people the recipe lists.
+
+    Raises:
+        UserError: a malformed line, a person the recipe does not list, a person twice, a short key or one of other
+            characters, one key given to two people (line numbers and people named, never a key; `where` names the
+            file).
+    """
+    listed = {p.name for p in gw.people}
+    keys: dict[str, str] = {}
+    owner: dict[str, tuple[str, int]] = {}
+    problems = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -233,7 +245,7 @@ def read_people_keys(gw: GatewayRecipe, path: Path | None = None) -> dict[str, s
             keys[person] = key
             owner[key] = (person, n)
     if problems:
-        raise UserError(f"{path}: " + "; ".join(problems),
+        raise UserError(f"{where}: " + "; ".join(problems),
                         "one line per person of the recipe, each with a key of their own (32+ of A-Z a-z 0-9 _ -)")
     return keys
 

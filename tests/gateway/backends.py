@@ -15,17 +15,21 @@ import subprocess
 import sys
 from pathlib import Path
 
+import yaml
+
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.render import compose as render
 from ds4deploy.render import front_door
 from tools.benchval.stack import wait_healthy
 
 REPO = Path(__file__).resolve().parents[2]
-# Each backend's front door (what the gateway reaches) and the llama-server behind it (holding its own key only).
-BACKEND_PORTS = {"a": 18121, "b": 18122, "c": 18123}
+# The committed gateway recipe whose backends these are (`make deploy RECIPE=loopback` in test_make_deploy.py):
+# each backend's front door port (what the gateway reaches) and model name are read from it, in one place.
+LOOPBACK = yaml.safe_load((REPO / "recipes" / "gateways" / "loopback.yaml").read_text())
+BACKEND_PORTS = {b["name"]: int(b["url"].rsplit(":", 1)[1]) for b in LOOPBACK["backends"]}
+BACKEND_MODEL = {b["name"]: b["models"][0] for b in LOOPBACK["backends"]}
+# The llama-server behind each front door (holding its own key only).
 ENGINE_PORTS = {"a": 18124, "b": 18125, "c": 18126}
-BACKEND_MODEL = {"a": "office-tiny", "b": "office-tiny", "c": "office-other"}
-
 
 
 def engine_args(port: int, model: str) -> list[str]:
