@@ -763,8 +763,8 @@ def cmd_gateway_vars(ns: argparse.Namespace) -> int:
     its host) and write the variables of its plays; prints the file's path (what ansible/gateway-plan.yml loads)."""
     from ds4deploy.operate import gateway_deploy
 
-    print(gateway_deploy.write_vars(gateway_deploy.plan_vars(ns.gateway, Path(ns.inventory),
-                                                             read_inventory(ns.inventory), ns.scope)))
+    variables = gateway_deploy.plan_vars(ns.gateway, Path(ns.inventory), read_inventory(ns.inventory), ns.scope)
+    print(gateway_deploy.write_vars(variables, ns.scope))
     return 0
 
 

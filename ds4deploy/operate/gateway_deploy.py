@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import stat
 import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.operate.incidents import docker_env
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.plan.inventory import Inventory
+from ds4deploy.plan.playvars import VARS_DIR
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.schema import GatewayRecipe
 from ds4deploy.render import front_door, gateway
@@ -176,12 +176,16 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
     }
 
 
-def write_vars(variables: dict) -> Path:
-    """Write the play variables to a new file (JSON is YAML: Ansible's include_vars reads it). Returns its path."""
-    fd, path = tempfile.mkstemp(prefix=f"ds4-gateway-{variables['ds4_gw_name']}-", suffix=".json")
-    with open(fd, "w", encoding="utf-8") as f:
-        json.dump(variables, f, indent=1)
-    return Path(path)
+def write_vars(variables: dict, scope: str, dest_dir: Path | None = None) -> Path:
+    """Write the play variables (JSON is YAML: Ansible's include_vars reads it) where the stacks' `ds4deploy vars`
+    writes theirs (`ds4deploy.plan.playvars.VARS_DIR`): ``gateway-<name>.<scope>.json``, replaced atomically.
+    Returns its path."""
+    path = (dest_dir or VARS_DIR) / f"gateway-{variables['ds4_gw_name']}.{scope}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(variables, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
 
 
 def _file_problem(what: str, path: str, seen: dict) -> str | None:
