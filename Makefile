@@ -103,7 +103,7 @@ lint-yaml: venv ## yamllint (strict)
 	$(BIN)/yamllint -s .
 
 lint-ansible: venv ## ansible-lint, production profile
-	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml roles
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml gateway.yml gateway-plan.yml gateway-status.yml gateway-down.yml roles
 
 lint-docker: venv ## hadolint on every Dockerfile
 	$(BIN)/hadolint images/*/Dockerfile

@@ -159,7 +159,7 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
     return {
         "ds4_gw_name": gw.name,
         "ds4_gw_host": host,
-        "ds4_gw_inventory": str(inventory_path),
+        "ds4_gw_inventory": str(Path(inventory_path).resolve()),
         "ds4_gw_render_dir": str(gateway.render_root() / gw.name),
         "ds4_gw_stack_dir": f"{STACKS_ROOT}/{gw.name}",
         "ds4_gw_project": gateway.project_name(gw),
@@ -167,6 +167,7 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
         "ds4_gw_url": f"http://{gw.bind_address}:{gw.port}",
         "ds4_gw_router_url": f"http://127.0.0.1:{gw.router_port}" if gw.routing.router == "smg" else "",
         "ds4_gw_key_file": gw.key_file,
+        "ds4_gw_metrics_key_file": gateway.metrics_key_file(gw),
         "ds4_gw_people_key_file": gw.people_key_file,
         "ds4_gw_people_dir": str(gateway.people_dir(gw)),
         "ds4_gw_router_image": gateway.image_ref() if gw.routing.router == "smg" else "",

@@ -286,6 +286,12 @@ def write_people_maps(gw: GatewayRecipe, keys: dict[str, str], dest: Path | None
     return dest
 
 
+def metrics_key_file(gw: GatewayRecipe) -> str:
+    """The front door's metrics key file on the gateway host: ``<key_file without .env>.metrics.env``
+    (``DS4_METRICS_KEY=``; the gateway deploy generates it on first deploy, as a stack's deploy does)."""
+    return f"{gw.key_file.removesuffix('.env')}.metrics.env"
+
+
 def project_name(gw: GatewayRecipe) -> str:
     """The compose project name of a gateway: ``ds4-gw-<name>``."""
     return f"ds4-gw-{gw.name}"
@@ -372,7 +378,7 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
                 "image": front_door.IMAGE,
                 "container_name": front_door_container(gw),
                 "env_file": [*secrets_env,
-                             {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{gw.key_file.removesuffix('.env')}.metrics.env}}",
+                             {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{metrics_key_file(gw)}}}",
                               "required": False}],
                 "environment": {"DS4_FRONT_DOOR_CONF_SHA256": conf_sha},
                 "depends_on": {"router": {"condition": "service_healthy"}},

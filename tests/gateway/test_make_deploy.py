@@ -67,7 +67,7 @@ def loopback(office_backends):
     backends.revive(*backends.BACKEND_PORTS)  # an earlier module's last test killed a backend
     gw = gateway.load_gateway(NAME)
     key_file, people_file = Path(gw.key_file), Path(gw.people_key_file)
-    made = [key_file, people_file, Path(gw.key_file.removesuffix(".env") + ".metrics.env")]
+    made = [key_file, people_file, Path(gateway.metrics_key_file(gw))]
     if any(p.exists() for p in made) or gateway_containers():
         pytest.skip(f"{key_file} or the {NAME} gateway exists already: not this test's to replace")
     key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -144,6 +144,8 @@ def test_deploy_status_request_and_down(loopback) -> None:
     assert sorted(f.name for f in there.iterdir()) == sorted(f.name for f in here.iterdir())
     for f in here.iterdir():
         assert (there / f.name).read_bytes() == f.read_bytes(), f.name
+    metrics = Path(gateway.metrics_key_file(gw))  # generated on first deploy, as a stack's
+    assert metrics.stat().st_mode & 0o777 == 0o600 and metrics.read_text().startswith("DS4_METRICS_KEY=ds4m-")
 
     url = f"http://{gw.bind_address}:{gw.port}"
     r = httpx.post(f"{url}/v1/chat/completions", timeout=120,
