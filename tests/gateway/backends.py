@@ -120,3 +120,21 @@ def revive(*bs: str) -> None:
         docker("start", *containers(b))
     for b in bs:
         wait_healthy(f"http://127.0.0.1:{BACKEND_PORTS[b]}", 120)
+
+
+# The gateway the deployed tests deploy with the product's make targets: the committed loopback recipe, on this host.
+GATEWAY = LOOPBACK["name"]
+INVENTORY = "ansible/inventories/local.yml"
+
+
+def make(target: str) -> subprocess.CompletedProcess:
+    """`make <target> RECIPE=loopback INVENTORY=<the local inventory>` in the repository (no colours), captured."""
+    return subprocess.run(["make", "--no-print-directory", target, f"RECIPE={GATEWAY}", f"INVENTORY={INVENTORY}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "CI": "1", "ANSIBLE_NOCOLOR": "1"})
+
+
+def gateway_containers() -> list[str]:
+    """Every container of the loopback gateway's compose project, running or not."""
+    return docker("ps", "--all", "--filter", f"label=com.docker.compose.project=ds4-gw-{GATEWAY}",
+                  "--format", "{{.Names}}").stdout.split()
