@@ -229,12 +229,12 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 	$(call TIER,down cpu-llamacpp) $(MAKE) down RECIPE=cpu-llamacpp INVENTORY=$(LLAMACPP_INVENTORY) || status=$$?; \
 	exit $$status
 
-# The gateway (docs/gateway.md): a gateway recipe's render (SMG router image from images/gateway/, the stacks' front
-# door) started with docker compose in front of three real llama-server backends (the cpu-llamacpp image and tiny
-# GGUF), then routing, sticky sessions, people's keys, revocation and usage checked (tests/gateway). Not part of
-# `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image on first use (pip downloads
-# its pinned wheels); drain/rejoin and the conformance matrix through the gateway too. On the 2-core machine
-# 156 s with the gateway image built, about 24 s more building it (2026-12-02; SMG and nginx routers).
+# The gateway (docs/gateway.md): the committed loopback gateway recipe deployed with `make deploy RECIPE=loopback`
+# (SMG router image from images/gateway/, the stacks' front door) in front of three real llama-server backends (the
+# cpu-llamacpp image and tiny GGUF), then status, routing, sticky sessions, people's keys, revocation, usage,
+# drain/rejoin, the conformance matrix through the gateway, `make down` (evidence first) and the deploy's refusals
+# (tests/gateway). Not part of `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image
+# on first use (pip downloads its pinned wheels). On the 2-core machine: E2E_GATEWAY_TIME.
 e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends (not in make test)
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
 
