@@ -10,7 +10,8 @@ Two steps run before anything changes on any host, each ending in one message wi
    way the supervisor and the incident collector reach a node's daemon: `ds4deploy.operate.incidents.docker_env`).
 2. `check_secrets_and_backends` (``ds4deploy gateway preflight``, run by ansible/gateway.yml on the control host
    with what the play read, read only, on the gateway host): the gateway key file and the people key file (present,
-   mode 0600, well formed; one key per person: `ds4deploy.render.gateway.parse_people_keys`), and every backend
+   mode 0600, well formed; one key per person: `ds4deploy.render.gateway.parse_people_keys`), the gateway's ports
+   free (or held by its own containers, a redeploy), and every backend
    answering ``GET /v1/models`` with the gateway key (unreachable; refusing the key: the gateway key is not beside
    that backend's own; serving other model names than the recipe says). Keys never appear in a message.
 """
@@ -173,6 +174,11 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
         "ds4_gw_router_image": gateway.image_ref() if gw.routing.router == "smg" else "",
         "ds4_gw_front_door_image": front_door.IMAGE,
         "ds4_gw_health_timeout_s": HEALTH_TIMEOUT_S,
+        # The ports the gateway listens on (the front door on bind_address, SMG's two on loopback): probed free at
+        # deploy unless the gateway's own containers hold them (roles/gateway/tasks/preflight.yml).
+        "ds4_gw_ports": [{"host": gw.bind_address, "port": gw.port}] + [
+            {"host": "127.0.0.1", "port": p} for p in (gw.router_port, gw.router_metrics_port)
+            if p is not None and gw.routing.router == "smg"],
         "ds4_gw_backends": [{"name": b.name, "url": b.url, "models": list(b.models)} for b in backends],
     }
 
@@ -227,8 +233,8 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
 
     Args:
         name: the gateway.
-        seen: ``{"key_file": {"exists", "mode", "text"}, "people_key_file": {...}}`` (text: the file's content,
-            when it exists).
+        seen: ``{"key_file": {"exists", "mode", "text"}, "people_key_file": {...}, "ports_busy": [port, ...]}``
+            (text: the file's content, when it exists; ports_busy: the gateway's ports another process holds).
 
     Returns:
         The front door's people maps (file name -> text: `ds4deploy.render.gateway.people_maps`), for the play to
@@ -236,8 +242,8 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
 
     Raises:
         UserError: one message with every problem: a key file missing, open to others or malformed (a person's key
-            reused for another person among them), a backend unreachable, refusing the gateway key, or serving
-            other model names. The message never holds a key.
+            reused for another person among them), a port of the gateway in use, a backend unreachable, refusing
+            the gateway key, or serving other model names. The message never holds a key.
     """
     gw = gateway.load_gateway(name)
     problems, fixes = [], []
@@ -267,6 +273,12 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
         except UserError as exc:
             problems.append(exc.cause)
             fixes.append(exc.fix)
+    busy = sorted(int(p) for p in seen.get("ports_busy", []))
+    if busy:
+        problems.append(f"port(s) {', '.join(map(str, busy))} on the gateway host are in use by another process "
+                        "(not this gateway's containers)")
+        fixes.append("stop that process (`ss -ltnp` names it), or move port / router_port / router_metrics_port in "
+                     f"recipes/gateways/{gw.name}.yaml and run `ds4deploy gateway render {gw.name}`")
     if key is not None:
         for b in gateway.resolve_backends(gw):
             wrong = probe(b.url, key, list(b.models))

@@ -2,17 +2,19 @@
 "Deploy"). The deploy itself, `make status` and `make down` are proven in test_deployed.py, whose gateway is this
 recipe deployed by `make deploy`; this module runs after it (the gateway is down again) against the same backends.
 
-Proven here, with the real make target and the local inventory (this host is the gateway host), in one refused
-run: backend b down (unreachable), the gateway key refused by a and c (not beside their own key), one person's key
-given to another; then, with `ds4deploy gateway vars` (the first command `make deploy` runs, on the control host):
-a recipe backend whose recipe is not deployed on its host, and two backends serving one model name with different
-models. After each: no gateway container, no copy of the render, no people maps, and no key in the message.
+Proven here, with the real make target and the local inventory (this host is the gateway host), in one refused run:
+backend b down (unreachable), the gateway key refused by a and c (not beside their own key), one person's key given
+to another, a port of the gateway held by another process; then, with `ds4deploy gateway vars` (the first command
+`make deploy` runs, on the control host): a recipe backend whose recipe is not deployed on its host, and two
+backends serving one model name with different models. After each: no gateway container, no copy of the render, no
+people maps, and no key in the message.
 """
 
 from __future__ import annotations
 
 import secrets
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -67,9 +69,11 @@ def test_bad_input_is_refused_before_anything_changes(loopback, tmp_path) -> Non
     alice = loopback["people"]["alice"]
     write_secret(loopback["people_file"], f"alice {alice}\nbob {alice}\n")
     docker("stop", backends.containers("b")[1])  # backend b's front door: b does not answer
+    squatter = socket.create_server(("127.0.0.1", gw.router_metrics_port))  # another process holds a gateway port
     try:
         p = make("deploy")
     finally:
+        squatter.close()
         backends.revive("b")
     out = p.stdout + p.stderr
     assert p.returncode != 0, out
@@ -78,6 +82,7 @@ def test_bad_input_is_refused_before_anything_changes(loopback, tmp_path) -> Non
     for b in ("a", "c"):
         assert f"backend '{b}' refuses the gateway key (HTTP 401" in out, out
     assert "line 2 gives 'bob' the key of 'alice' (line 1)" in out, out
+    assert f"port(s) {gw.router_metrics_port} on the gateway host are in use by another process" in out, out
     assert "Nothing was changed on any host" in out, out
     assert_nothing_changed(gw, out, [wrong_key, alice])
 

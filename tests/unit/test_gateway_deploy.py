@@ -101,8 +101,10 @@ def test_every_problem_in_one_message_and_no_key(tmp_path, backend) -> None:
     wrong = "ds4-wrong-" + "w" * 32
     path = _recipe(tmp_path, [backend, _closed_port_url()])
     with pytest.raises(UserError) as exc:
-        gd.check_secrets_and_backends(path, _seen(f"VLLM_API_KEY={wrong}\n", f"alice {alice}\nbob {alice}\n"))
+        gd.check_secrets_and_backends(path, {**_seen(f"VLLM_API_KEY={wrong}\n", f"alice {alice}\nbob {alice}\n"),
+                                             "ports_busy": [18142]})
     text = str(exc.value)
+    assert "port(s) 18142 on the gateway host are in use by another process" in text
     assert "backend 'a' refuses the gateway key" in text
     assert "backend 'b' does not answer" in text
     assert "line 2 gives 'bob' the key of 'alice' (line 1)" in text
