@@ -102,6 +102,16 @@ def test_make_deploy_placed_the_committed_render(office) -> None:
     assert metrics.stat().st_mode & 0o777 == 0o600 and metrics.read_text().startswith("DS4_METRICS_KEY=ds4m-")
 
 
+def test_make_deploy_again_passes_its_checks_and_keeps_the_gateway(office) -> None:
+    """A redeploy of the running gateway: its own containers hold its ports (not refused as busy), and with the render
+    unchanged nothing is recreated (same container ids)."""
+    ids = docker("ps", "--quiet", "--filter", f"label=com.docker.compose.project=ds4-gw-{NAME}").stdout.split()
+    p = make("deploy")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert sorted(docker("ps", "--quiet", "--filter", f"label=com.docker.compose.project=ds4-gw-{NAME}"
+                         ).stdout.split()) == sorted(ids) and len(ids) == 2
+
+
 def test_make_status_shows_the_door_and_every_backend_ready(office) -> None:
     p = make("status")
     out = p.stdout + p.stderr
