@@ -7,6 +7,8 @@ SHELL := /bin/bash
 
 RECIPE ?= cpu
 INVENTORY ?= ansible/inventories/local.yml
+# RECIPE names a gateway recipe (recipes/gateways/<name>.yaml): deploy, status and down take the gateway's path.
+GATEWAY := $(wildcard recipes/gateways/$(RECIPE).yaml)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -47,6 +49,11 @@ deploy: venv ## [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml] deploy th
 ## MODEL_FROM=<file|dir>: copy a local model (e.g. GGUF parts) to the nodes
 ## RECIPE=cpu-2node-tp INVENTORY=ansible/inventories/two-node-local.yml: two nodes (workers first)
 ## starts `ds4deploy supervise` as a service afterwards
+## RECIPE=<gateway> (recipes/gateways/): the gateway on the inventory's gateway host (docs/gateway.md)
+ifneq ($(GATEWAY),)
+	@vars=$$($(BIN)/ds4deploy gateway vars $(RECIPE) --inventory $(INVENTORY) --scope deploy) && \
+	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/gateway.yml -e gateway=$(RECIPE) -e ds4_gw_vars_file=$$vars
+else
 	@vars=$$($(BIN)/ds4deploy vars $(RECIPE) --inventory $(INVENTORY) --scope deploy \
 	  $(if $(OFFLINE),--bundle $(abspath $(OFFLINE))) $(if $(MODEL_FROM),--model-from $(abspath $(MODEL_FROM)))) && $(if $(OFFLINE),echo "bundle verified: $(OFFLINE)" &&) \
 	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/site.yml -e recipe=$(RECIPE) \
@@ -56,16 +63,27 @@ deploy: venv ## [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml] deploy th
 	@# every check has passed (ds4_pause_supervisor), and it is started again here.
 	@$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY)
 	@$(BIN)/ds4deploy summary $(RECIPE)
+endif
 
 down: venv ## [RECIPE=..] [INVENTORY=..] stop the supervisor, then the stack (head first)
+## a gateway: its logs saved first, then its containers removed
+ifneq ($(GATEWAY),)
+	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/gateway-down.yml -e gateway=$(RECIPE)
+else
 	@$(BIN)/ds4deploy supervisor stop $(RECIPE)
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/down.yml -e recipe=$(RECIPE)
+endif
 
 # Every node of the recipe: containers, /health on the head; `make logs [LINES=200]` adds each node's log tail.
 # Printed as docker printed them (ds4deploy status); Ansible's own output only on failure or with V=1.
 status: venv ## [RECIPE=..] [INVENTORY=..] [V=1] every node's containers, /health, the supervisor
+## a gateway: its containers, its front door's /health, every backend's readiness
+ifneq ($(GATEWAY),)
+	@$(BIN)/ds4deploy gateway status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
+else
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
 	@$(BIN)/ds4deploy supervisor status $(RECIPE) || true
+endif
 
 logs: venv ## [LINES=200] [V=1] status plus each node's log tail
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) --logs $(or $(LINES),200) $(if $(V),--verbose)
@@ -85,7 +103,7 @@ lint-yaml: venv ## yamllint (strict)
 	$(BIN)/yamllint -s .
 
 lint-ansible: venv ## ansible-lint, production profile
-	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml roles
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml gateway.yml gateway-plan.yml gateway-status.yml gateway-down.yml roles
 
 lint-docker: venv ## hadolint on every Dockerfile
 	$(BIN)/hadolint images/*/Dockerfile
@@ -211,12 +229,13 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 	$(call TIER,down cpu-llamacpp) $(MAKE) down RECIPE=cpu-llamacpp INVENTORY=$(LLAMACPP_INVENTORY) || status=$$?; \
 	exit $$status
 
-# The gateway (docs/gateway.md): a gateway recipe's render (SMG router image from images/gateway/, the stacks' front
-# door) started with docker compose in front of three real llama-server backends (the cpu-llamacpp image and tiny
-# GGUF), then routing, sticky sessions, people's keys, revocation and usage checked (tests/gateway). Not part of
-# `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image on first use (pip downloads
-# its pinned wheels); drain/rejoin and the conformance matrix through the gateway too. On the 2-core machine
-# 143-160 s with the gateway image built, about 24 s more building it (2026-12-02; SMG and nginx routers).
+# The gateway (docs/gateway.md): the committed loopback gateway recipe deployed with `make deploy RECIPE=loopback`
+# (SMG router image from images/gateway/, the stacks' front door) in front of three real llama-server backends (the
+# cpu-llamacpp image and tiny GGUF), then status, routing, sticky sessions, people's keys, revocation, usage,
+# drain/rejoin, the conformance matrix through the gateway, `make down` (evidence first) and the deploy's refusals
+# (tests/gateway). Not part of `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image
+# on first use (pip downloads its pinned wheels). On the 2-core machine 171-288 s, 45 tests (2026-12-02; 197 s with
+# 40 before the deploy path; its conformance matrix alone varies 37-76 s between runs: docs/gateway.md).
 e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends (not in make test)
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
 

@@ -758,6 +758,62 @@ def cmd_gateway_rejoin(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway_vars(ns: argparse.Namespace) -> int:
+    """Check a gateway recipe, its committed render and the inventory (deploy: also every recipe backend deployed on
+    its host) and write the variables of its plays; prints the file's path (what ansible/gateway-plan.yml loads)."""
+    from ds4deploy.operate import gateway_deploy
+
+    variables = gateway_deploy.plan_vars(ns.gateway, Path(ns.inventory), read_inventory(ns.inventory), ns.scope)
+    print(gateway_deploy.write_vars(variables, ns.scope))
+    return 0
+
+
+def cmd_gateway_preflight(ns: argparse.Namespace) -> int:
+    """The gateway deploy's second check (ansible/roles/gateway/tasks/preflight.yml runs it): the key files as the
+    play read them on the gateway host (JSON on stdin) and every backend answering with the gateway key; prints the
+    front door's people maps as JSON for the play to write. Never prints a key in a message."""
+    from ds4deploy.operate import gateway_deploy
+
+    try:
+        seen = json.loads(sys.stdin.read())
+    except ValueError:
+        raise UserError("gateway preflight reads the key files as JSON on stdin, and that is not JSON",
+                        "run it through `make deploy RECIPE=<gateway>` (ansible/gateway.yml)") from None
+    print(json.dumps(gateway_deploy.check_secrets_and_backends(ns.gateway, seen)))
+    return 0
+
+
+def cmd_gateway_image(ns: argparse.Namespace) -> int:
+    """Build the router image (images/gateway/) on this host's Docker unless it exists; print its reference."""
+    from ds4deploy.build import gateway_image
+
+    print(gateway_image.build())
+    return 0
+
+
+def cmd_gateway_collect(ns: argparse.Namespace) -> int:
+    """Save the gateway's containers' logs and states into an incident folder before a stop; print its JSON."""
+    from ds4deploy.operate import gateway_deploy
+    from ds4deploy.operate.incidents import collect_projects
+    from ds4deploy.render import gateway
+
+    inv = read_inventory(ns.inventory)
+    gw = gateway.load_gateway(ns.gateway)
+    host = gateway_deploy.gateway_host(gw, inv)
+    incident = collect_projects(f"gateway-{gw.name}", [(host, "gateway", gateway.project_name(gw))], inv.hosts,
+                                ns.reason, root=Path(ns.root), keep=ns.keep)
+    print(json.dumps(incident.as_json()))
+    return 0
+
+
+def cmd_gateway_status(ns: argparse.Namespace) -> int:
+    """Print the gateway's containers, its front door's /health and every backend's readiness."""
+    from ds4deploy.operate.status import status
+
+    return status(ns.gateway, ns.inventory, verbose=ns.verbose, playbook_name="gateway-status.yml",
+                  extra=(f"gateway={ns.gateway}",))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every ds4deploy command."""
     p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
@@ -1098,6 +1154,32 @@ def build_parser() -> argparse.ArgumentParser:
     gj.add_argument("gateway")
     gj.add_argument("backend", help="the backend's name in the gateway recipe")
     gj.set_defaults(func=cmd_gateway_rejoin)
+    gv = gp.add_parser("vars", help="check a gateway recipe, its committed render and the inventory; write the "
+                       "variables of its plays (make deploy/status/down RECIPE=<gateway> run it); print the file")
+    gv.add_argument("gateway")
+    gv.add_argument("--inventory", default="ansible/inventories/local.yml")
+    gv.add_argument("--scope", choices=("deploy", "operate"), default="deploy",
+                    help="deploy: every check (render fresh, recipe backends deployed); operate: the gateway host only")
+    gv.set_defaults(func=cmd_gateway_vars)
+    gpf = gp.add_parser("preflight", help="check the key files (JSON on stdin, as ansible/gateway.yml read them on "
+                        "the gateway host) and every backend with the gateway key; print the people maps as JSON")
+    gpf.add_argument("gateway")
+    gpf.set_defaults(func=cmd_gateway_preflight)
+    gi = gp.add_parser("image", help="build the router image (images/gateway/) here unless it exists; print it")
+    gi.set_defaults(func=cmd_gateway_image)
+    gc = gp.add_parser("collect", help="save the gateway's logs and container states in an incident folder (before "
+                       "a stop); print it as JSON")
+    gc.add_argument("gateway")
+    gc.add_argument("--inventory", default="ansible/inventories/local.yml")
+    gc.add_argument("--reason", default="stop", help="why the gateway is stopped (kept in incident.json)")
+    gc.add_argument("--root", default="/var/lib/ds4deploy/incidents", help="incidents root (default %(default)s)")
+    gc.add_argument("--keep", type=int, default=20, help="incident folders kept per gateway (default %(default)s)")
+    gc.set_defaults(func=cmd_gateway_collect)
+    gs = gp.add_parser("status", help="the gateway's containers, its front door's /health, every backend's readiness")
+    gs.add_argument("gateway")
+    gs.add_argument("--inventory", default="ansible/inventories/local.yml")
+    gs.add_argument("--verbose", action="store_true", help="Ansible's whole output instead")
+    gs.set_defaults(func=cmd_gateway_status)
 
     fb = sub.add_parser("fabric", help="fabric helpers run on a node").add_subparsers(dest="sub", required=True)
     fg = fb.add_parser("gid-index", help="print the RoCE v2 GID index of a rail address on an HCA (this node)")

@@ -37,7 +37,10 @@ from ds4deploy.render import front_door, gateway
 from tools.benchval.stack import wait_healthy
 
 REPO = Path(__file__).resolve().parents[1]
-BACKEND_MODEL = {"a": "office-tiny", "b": "office-tiny", "c": "office-other"}
+# The committed gateway recipe whose backends the tests' rig are (`make deploy RECIPE=loopback` in tests/gateway):
+# each backend's front door port (what the gateway reaches) and model name are read from it, in one place.
+LOOPBACK = yaml.safe_load((REPO / "recipes" / "gateways" / "loopback.yaml").read_text())
+BACKEND_MODEL = {b["name"]: b["models"][0] for b in LOOPBACK["backends"]}
 
 
 @dataclass(frozen=True)
@@ -51,11 +54,13 @@ class Rig:
     engine_ports: dict[str, int]
 
 
-TEST_RIG = Rig("ds4-gwtest", {"a": 18121, "b": 18122, "c": 18123}, {"a": 18124, "b": 18125, "c": 18126})
+TEST_RIG = Rig("ds4-gwtest", {b["name"]: int(b["url"].rsplit(":", 1)[1]) for b in LOOPBACK["backends"]},
+               {"a": 18124, "b": 18125, "c": 18126})
 BENCH_RIG = Rig("ds4-gwbench", {"a": 18221, "b": 18222, "c": 18223}, {"a": 18224, "b": 18225, "c": 18226})
 # The tests' ports, as the tests name them.
 BACKEND_PORTS = TEST_RIG.backend_ports
 ENGINE_PORTS = TEST_RIG.engine_ports
+
 
 
 def engine_args(port: int, model: str) -> list[str]:
@@ -218,3 +223,21 @@ def gateway_up(tmp: Path, recipe: dict, gw_key: str, wait_s: int = 120) -> Itera
     finally:
         subprocess.run(["docker", "compose", "-f", str(compose), "down", "-v", "--timeout", "10"],
                        capture_output=True, check=False)
+
+
+# The gateway the deployed tests deploy with the product's make targets: the committed loopback recipe, on this host.
+GATEWAY = LOOPBACK["name"]
+INVENTORY = "ansible/inventories/local.yml"
+
+
+def make(target: str) -> subprocess.CompletedProcess:
+    """`make <target> RECIPE=loopback INVENTORY=<the local inventory>` in the repository (no colours), captured."""
+    return subprocess.run(["make", "--no-print-directory", target, f"RECIPE={GATEWAY}", f"INVENTORY={INVENTORY}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=600, check=False,
+                          env={**os.environ, "CI": "1", "ANSIBLE_NOCOLOR": "1"})
+
+
+def gateway_containers() -> list[str]:
+    """Every container of the loopback gateway's compose project, running or not."""
+    return docker("ps", "--all", "--filter", f"label=com.docker.compose.project=ds4-gw-{GATEWAY}",
+                  "--format", "{{.Names}}").stdout.split()

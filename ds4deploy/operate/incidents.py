@@ -245,23 +245,31 @@ def collect(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict], reason: s
     A node whose daemon cannot be reached, or a container whose log cannot be read, is listed in ``errors``; the
     other nodes are still saved. No folder is made when no node has a container (nothing to lose).
     """
+    return collect_projects(recipe.name, [(n.name, n.role, node_project(recipe, n)) for n in nodes], hosts, reason,
+                            root, keep, now)
+
+
+def collect_projects(name: str, targets: list[tuple[str, str, str]], hosts: dict[str, dict], reason: str,
+                     root: Path = INCIDENTS_ROOT, keep: int = KEEP, now: float | None = None) -> Incident:
+    """`collect` for any deployment: `targets` are (node, role, compose project) triples; the folder is
+    ``<root>/<name>/<UTC time>`` (a gateway: its name and its one project on the gateway host)."""
     found: dict[str, tuple[dict[str, str], list[str]]] = {}
     errors: list[str] = []
-    for node in nodes:
-        env = docker_env(node.name, hosts.get(node.name, {}))
+    for node, _role, project in targets:
+        env = docker_env(node, hosts.get(node, {}))
         try:
-            ps = _docker(["ps", "--all", "--filter", f"label=com.docker.compose.project={node_project(recipe, node)}",
+            ps = _docker(["ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
                           "--format", "{{.Names}}"], env)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            errors.append(f"{node.name}: docker ps: {exc}")
+            errors.append(f"{node}: docker ps: {exc}")
             continue
         if ps.returncode != 0:
-            errors.append(f"{node.name}: docker ps: {ps.stderr.strip()[:200]}")
+            errors.append(f"{node}: docker ps: {ps.stderr.strip()[:200]}")
             continue
-        found[node.name] = (env, sorted(ps.stdout.split()))
+        found[node] = (env, sorted(ps.stdout.split()))
     if not any(names for _, names in found.values()):
         return Incident(None, errors=errors)
-    base = root / recipe.name
+    base = root / name
     folder = _new_dir(base, time.time() if now is None else now)
     logs: dict[tuple[str, str], str] = {}
     states: dict[tuple[str, str], dict] = {}
@@ -293,7 +301,7 @@ def collect(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict], reason: s
             stopped.setdefault(node_name, st.get("Status") or "not running")
     incident = Incident(folder, earliest(logs, states), files, errors, stopped)
     (folder / "incident.json").write_text(json.dumps(
-        {"recipe": recipe.name, "reason": reason, "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-         "nodes": {n.name: n.role for n in nodes}, **incident.as_json()}, indent=2) + "\n", encoding="utf-8")
+        {"recipe": name, "reason": reason, "time": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+         "nodes": {node: role for node, role, _ in targets}, **incident.as_json()}, indent=2) + "\n", encoding="utf-8")
     prune(base, keep)
     return incident

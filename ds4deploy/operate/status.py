@@ -47,12 +47,14 @@ def print_reports(nodes: list[dict[str, str]], stream: TextIO) -> None:
         stream.write(node["containers"].rstrip("\n") + "\n")
         if node.get("health"):
             stream.write(f"GET /health -> {node['health']}\n")
+        if node.get("backends"):
+            stream.write(node["backends"].rstrip("\n") + "\n")
         if node.get("logs"):
             stream.write(node["logs"].rstrip("\n") + "\n")
 
 
 def status(recipe: str, inventory: str, log_lines: int = 0, verbose: bool = False,
-           stream: TextIO = sys.stdout) -> int:
+           stream: TextIO = sys.stdout, playbook_name: str = PLAYBOOK, extra: tuple[str, ...] = ()) -> int:
     """Run ansible/status.yml for `recipe` on `inventory` and print each node's report.
 
     Args:
@@ -61,6 +63,8 @@ def status(recipe: str, inventory: str, log_lines: int = 0, verbose: bool = Fals
         log_lines: engine log lines per node (0: none, `make status`; `make logs` passes 200).
         verbose: run the playbook with Ansible's normal output instead (nothing is parsed).
         stream: where the reports go.
+        playbook_name: the playbook (ansible/gateway-status.yml for a gateway: its report adds ``backends``).
+        extra: more ``name=value`` variables for it.
 
     Returns:
         The playbook's exit code.
@@ -68,10 +72,12 @@ def status(recipe: str, inventory: str, log_lines: int = 0, verbose: bool = Fals
     Raises:
         UserError: ansible-playbook is missing, or its JSON output cannot be read (its stderr is quoted).
     """
-    extra = (f"recipe={recipe}", f"stack_logs={log_lines}")
+    extra = (f"recipe={recipe}", f"stack_logs={log_lines}", *extra)
     if verbose:
-        return subprocess.run(playbook.argv(PLAYBOOK, inventory, *extra), env=playbook.env(), check=False).returncode
-    done, run = playbook.run_json(PLAYBOOK, inventory, *extra, fix="run `make status V=1` for Ansible's whole output")
+        return subprocess.run(playbook.argv(playbook_name, inventory, *extra), env=playbook.env(),
+                              check=False).returncode
+    done, run = playbook.run_json(playbook_name, inventory, *extra,
+                                  fix="run `make status V=1` for Ansible's whole output")
     print_reports(reports(run), stream)
     if done.returncode != 0:
         for line in playbook.failures(run):

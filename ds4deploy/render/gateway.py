@@ -206,15 +206,27 @@ def read_people_keys(gw: GatewayRecipe, path: Path | None = None) -> dict[str, s
     if stat.S_IMODE(path.stat().st_mode) & 0o077:
         raise UserError(f"{path} is readable or writable by group or others (mode "
                         f"{stat.S_IMODE(path.stat().st_mode):04o})", f"chmod 600 {path}")
-    listed = {p.name for p in gw.people}
-    keys: dict[str, str] = {}
-    owner: dict[str, tuple[str, int]] = {}
-    problems = []
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read the people key file {path}: {getattr(exc, 'strerror', None) or 'not UTF-8 text'}",
                         "run as the file's owner (sudo), and keep it UTF-8 text of '<person> <key>' lines") from None
+    return parse_people_keys(gw, text, str(path))
+
+
+def parse_people_keys(gw: GatewayRecipe, text: str, where: str) -> dict[str, str]:
+    """The people key file's text (`read_people_keys`; the gateway deploy reads it on the gateway host): person ->
+    key for the people the recipe lists.
+
+    Raises:
+        UserError: a malformed line, a person the recipe does not list, a person twice, a short key or one of other
+            characters, one key given to two people (line numbers and people named, never a key; `where` names the
+            file).
+    """
+    listed = {p.name for p in gw.people}
+    keys: dict[str, str] = {}
+    owner: dict[str, tuple[str, int]] = {}
+    problems = []
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
@@ -241,7 +253,7 @@ def read_people_keys(gw: GatewayRecipe, path: Path | None = None) -> dict[str, s
             keys[person] = key
             owner[key] = (person, n)
     if problems:
-        raise UserError(f"{path}: " + "; ".join(problems),
+        raise UserError(f"{where}: " + "; ".join(problems),
                         "one line per person of the recipe, each with a key of their own (32+ of A-Z a-z 0-9 _ -)")
     return keys
 
@@ -280,6 +292,12 @@ def write_people_maps(gw: GatewayRecipe, keys: dict[str, str], dest: Path | None
                         "run as the owner of the people key file (sudo), or pass --dest a folder you can write"
                         ) from None
     return dest
+
+
+def metrics_key_file(gw: GatewayRecipe) -> str:
+    """The front door's metrics key file on the gateway host: ``<key_file without .env>.metrics.env``
+    (``DS4_METRICS_KEY=``; the gateway deploy generates it on first deploy, as a stack's deploy does)."""
+    return f"{gw.key_file.removesuffix('.env')}.metrics.env"
 
 
 def project_name(gw: GatewayRecipe) -> str:
@@ -368,7 +386,7 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
                 "image": front_door.IMAGE,
                 "container_name": front_door_container(gw),
                 "env_file": [*secrets_env,
-                             {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{gw.key_file.removesuffix('.env')}.metrics.env}}",
+                             {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{metrics_key_file(gw)}}}",
                               "required": False}],
                 "environment": {"DS4_FRONT_DOOR_CONF_SHA256": conf_sha},
                 "depends_on": {"router": {"condition": "service_healthy"}},

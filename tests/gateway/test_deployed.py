@@ -1,66 +1,126 @@
 """The gateway in front of real backends on this machine (`make e2e-gateway`; not part of `make test`).
 
 The three real backends of tools/gateway_rig.py (llama-server behind the cpu-llamacpp recipe's rendered front
-door, each with its own key and the gateway's beside it). A gateway recipe names them by URL; its
-render (the SMG router image built from images/gateway/ and the stacks' front door image) is started with `docker
-compose` from a temporary render directory, with the gateway key file and the people key file written for the test
-(mode 0600), by `tools.gateway_rig.gateway_up`.
+door, each with its own key and the gateway's beside it). The committed gateway recipe recipes/gateways/loopback.yaml
+names them by URL; it is deployed as every recipe is, with `make deploy RECIPE=loopback` on the local inventory
+(Ansible, its preflight, the committed render copied to the gateway host: the SMG router image built from
+images/gateway/ and the stacks' front door image), with the gateway key file and the people key file written where
+the recipe keeps them (mode 0600); `make status` shows it and `make down` removes it at the end, evidence first.
 
-Proven here: backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
+Proven here: the deploy placing the committed render byte for byte, `make status` listing every backend ready,
+backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
 listed once across backends, 12 sessions x 3 turns each kept on one backend with both backends used, per-person keys
 as Bearer and as x-api-key, the person's key never reaching a backend, a revoked key refused at once while the
 others keep working, one JSON log line per request naming the person (no key, no body), `ds4deploy gateway usage`
 adding up to what the clients were answered, the client conformance matrix through the door judged as on the
 cpu-llamacpp stack (the backends run that recipe's argv), `ds4deploy gateway drain` / `rejoin` with streams in
-flight, and a killed backend's sessions moving on.
+flight, a killed backend's sessions moving on, and `make down` saving the logs before it removes the gateway. The
+deploy's refusals are in test_make_deploy.py.
 """
 
 from __future__ import annotations
 
 import json
 import secrets
+import shutil
 import subprocess
 import sys
 import threading
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from ds4deploy.conformance import cases
 from ds4deploy.operate import nginx_reload
+from ds4deploy.operate.gateway_deploy import STACKS_ROOT
+from ds4deploy.operate.incidents import INCIDENTS_ROOT
+from ds4deploy.render import gateway
 from tools.gateway_rig import (
     BACKEND_MODEL,
     BACKEND_PORTS,
     ENGINE_PORTS,
+    GATEWAY,
     REPO,
-    backend_doc,
     docker,
-    gateway_up,
+    gateway_containers,
+    make,
     write_secret,
 )
 
-PORT, ROUTER_PORT, METRICS_PORT = 18130, 18131, 18132
-NAME = "gwtest"
-PEOPLE = ("alice", "bob", "carol")
+NAME = GATEWAY  # recipes/gateways/loopback.yaml: its backends are tools/gateway_rig.py's three
+LOOPBACK = gateway.load_gateway(NAME)
+PORT, ROUTER_PORT = LOOPBACK.port, LOOPBACK.router_port
+PEOPLE = tuple(p.name for p in LOOPBACK.people)
 
 
 @pytest.fixture(scope="module")
-def office(tmp_path_factory, office_backends):
-    """The running gateway: yields a dict with its URL, the people's keys, the paths and the backends' URLs."""
-    recipe = {
-        "kind": "gateway", "name": NAME, "description": "test gateway over three llama-server backends",
-        "port": PORT, "router_port": ROUTER_PORT, "router_metrics_port": METRICS_PORT,
-        "models": ["office-tiny", "office-other"],
-        "backends": [backend_doc(b) for b in BACKEND_PORTS],
-        "people": [{"name": p} for p in PEOPLE],
-    }
-    with gateway_up(tmp_path_factory.mktemp("gateway"), recipe, office_backends["gw_key"]) as gw:
-        assert "3 person(s)" in gw["keys_output"]
-        yield gw | {"own_keys": office_backends["own_keys"],
-                    "backend_url": {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}}
+def office(office_backends):
+    """The committed loopback gateway deployed with `make deploy RECIPE=loopback` (the product's path: Ansible,
+    its preflight, the committed render copied to the gateway host) in front of the three backends, with its key
+    files written where the recipe keeps them: yields a dict with its URL, the people's keys, the paths and the
+    backends' URLs. Removed at the end (test_make_down_saves_the_evidence_first runs `make down` first)."""
+    gw = LOOPBACK
+    key_file, people_file, metrics = Path(gw.key_file), Path(gw.people_key_file), Path(gateway.metrics_key_file(gw))
+    if any(p.exists() for p in (key_file, people_file, metrics)) or gateway_containers():
+        pytest.skip(f"{key_file} or the {NAME} gateway exists already: not this test's to replace")
+    t0 = time.monotonic()
+    gw_key, own_keys = office_backends["gw_key"], office_backends["own_keys"]
+    people_keys = {p: f"ds4p-{p}-" + secrets.token_urlsafe(30) for p in PEOPLE}
+    key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        write_secret(people_file, "".join(f"{p} {k}\n" for p, k in people_keys.items()))
+        write_secret(key_file, f"VLLM_API_KEY={gw_key}\n")
+        p = make("deploy")
+        out = p.stdout + p.stderr
+        assert p.returncode == 0, out[-4000:]
+        assert gw_key not in out and people_keys["alice"] not in out
+        print(f"\nmake deploy RECIPE={NAME}: {time.monotonic() - t0:.0f} s")
+        yield {"url": f"http://{gw.bind_address}:{PORT}", "keys": people_keys, "recipe": NAME,
+               "people_file": people_file, "gw_key": gw_key, "own_keys": own_keys,
+               "backend_url": {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}}
+    finally:
+        subprocess.run(["docker", "compose", "-p", f"ds4-gw-{NAME}", "down", "--timeout", "10"], capture_output=True,
+                       check=False)
+        for f in (key_file, people_file, metrics):
+            f.unlink(missing_ok=True)
+        shutil.rmtree(gateway.people_dir(gw), ignore_errors=True)
+        shutil.rmtree(f"{STACKS_ROOT}/{NAME}", ignore_errors=True)
+
+
+def test_make_deploy_placed_the_committed_render(office) -> None:
+    """The copy on the gateway host is the committed render byte for byte; the front door's metrics credential was
+    generated on first deploy (mode 0600), as a stack's is."""
+    here, there = REPO / "compose" / "gateways" / NAME, Path(f"{STACKS_ROOT}/{NAME}")
+    assert sorted(f.name for f in there.iterdir()) == sorted(f.name for f in here.iterdir())
+    for f in here.iterdir():
+        assert (there / f.name).read_bytes() == f.read_bytes(), f.name
+    metrics = Path(gateway.metrics_key_file(LOOPBACK))
+    assert metrics.stat().st_mode & 0o777 == 0o600 and metrics.read_text().startswith("DS4_METRICS_KEY=ds4m-")
+
+
+def test_make_deploy_again_passes_its_checks_and_keeps_the_gateway(office) -> None:
+    """A redeploy of the running gateway: its own containers hold its ports (not refused as busy), and with the render
+    unchanged nothing is recreated (same container ids)."""
+    ids = docker("ps", "--quiet", "--filter", f"label=com.docker.compose.project=ds4-gw-{NAME}").stdout.split()
+    p = make("deploy")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    assert sorted(docker("ps", "--quiet", "--filter", f"label=com.docker.compose.project=ds4-gw-{NAME}"
+                         ).stdout.split()) == sorted(ids) and len(ids) == 2
+
+
+def test_make_status_shows_the_door_and_every_backend_ready(office) -> None:
+    p = make("status")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "GET /health -> 200" in out, out
+    for b, port in BACKEND_PORTS.items():
+        assert f"{b} http://127.0.0.1:{port}: ready" in out, out
+    assert f"ds4-gw-{NAME}-router" in out and f"ds4-gw-{NAME}-front-door" in out, out
+    assert office["gw_key"] not in out
 
 
 def chat(office, person: str, model: str = "office-tiny", session: str | None = None, *,
@@ -167,7 +227,7 @@ def test_revoked_key_is_refused_at_once(office) -> None:
     p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", str(office["recipe"]), "--reload"],
                        capture_output=True, text=True, cwd=REPO, check=False)
     assert p.returncode == 0, p.stderr
-    assert "no key (refused at the door): bob" in p.stdout and "reloaded ds4-gw-gwtest-front-door" in p.stdout
+    assert "no key (refused at the door): bob" in p.stdout and f"reloaded ds4-gw-{NAME}-front-door" in p.stdout
     # `--reload` returns once no worker of the old configuration accepts connections (operate/nginx_reload.py):
     # the very next request is refused, with no wait (a bare `nginx -s reload` let bob in for seconds on a busy host).
     now = nginx_reload.workers(door)
@@ -382,3 +442,24 @@ def test_a_dead_backends_sessions_move_on(office) -> None:
         assert r.status_code == 200, (s, r.status_code, r.text)
         assert r.headers["x-smg-routed-worker-id"] == b, (s, first, r.headers["x-smg-routed-worker-id"])
     print(f"12 next turns after backend a died: {time.monotonic() - t0:.1f} s")
+
+
+def test_make_down_saves_the_evidence_first(office) -> None:
+    """Runs last: `make down RECIPE=loopback` saves the router's and the front door's logs and states in an incident
+    folder (the door's log holds the people's requests, never a key), then nothing of the gateway runs."""
+    before = set((INCIDENTS_ROOT / f"gateway-{NAME}").glob("*"))
+    p = make("down")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-4000:]
+    assert gateway_containers() == [], out
+    new = sorted(set((INCIDENTS_ROOT / f"gateway-{NAME}").glob("*")) - before)
+    assert len(new) == 1, out
+    saved = {f.name for f in new[0].iterdir()}
+    door_log = f"localhost.ds4-gw-{NAME}-front-door.log"
+    assert {door_log, f"localhost.ds4-gw-{NAME}-router.log", "incident.json"} <= saved, saved
+    text = (new[0] / door_log).read_text()
+    lines = [json.loads(ln.split(" ", 1)[1]) for ln in text.splitlines() if '"person"' in ln]
+    assert any(ln["person"] == "alice" and ln["path"] == "/v1/chat/completions" and ln["status"] == 200
+               for ln in lines), lines[-5:]
+    for key in (office["gw_key"], *office["keys"].values()):
+        assert key not in text

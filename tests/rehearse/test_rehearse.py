@@ -335,9 +335,11 @@ class Rehearsal:
             "ANSIBLE_CONNECTION_PLUGINS": str(REHEARSE / "plugins" / "connection"),
             "ANSIBLE_LIBRARY": f"{REPO_ROOT / 'ansible' / 'library'}:{REHEARSE / 'library'}",
             "HF_HOME": str(self.tmp / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1", "CI": "1"})
+        t0 = time.monotonic()
         self._lock_standin_artifacts()
         self._fresh_apt_cache()
         model = self._model()
+        self.timings["lock-apt-model"] = round(time.monotonic() - t0, 1)
         model_files = sorted(str(p.relative_to(model)) for p in model.rglob("*") if p.is_file())
         t0 = time.monotonic()
         self.nodes = nodes.up(self.recipe)
@@ -355,6 +357,7 @@ class Rehearsal:
             self.env["HF_ENDPOINT"] = self.hub.stdout.readline().split()[1]
         else:
             self.extra = [f"MODEL_FROM={model}"]
+        self.timings["before-deploy"] = round(time.monotonic() - t0, 1)
         self.deploy = self.make("deploy", "deploy", DEPLOY_TIMEOUT_S, *self.extra)
 
     def down(self) -> None:

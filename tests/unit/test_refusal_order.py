@@ -142,3 +142,27 @@ def test_the_first_provisioning_role_reads_before_it_changes_anything():
         module = _module(task)
         assert module in READ_ONLY or (module in RUNS and task.get("changed_when") is False), \
             f"{path.relative_to(REPO)}: {task['name']}"
+
+
+def test_the_gateway_deploy_checks_everything_before_its_first_change():
+    """ansible/gateway.yml: gateway-plan.yml first (control host), then on the gateway host (any_errors_fatal) the
+    gateway role's preflight.yml, whose every task only reads (a command on the control host declares changed_when:
+    false), and only then the role's main.yml, whose first change follows the preflight's last refusal."""
+    plays = _load(ANSIBLE / "gateway.yml")
+    assert plays[0]["ansible.builtin.import_playbook"] == "gateway-plan.yml"
+    for play in _load(ANSIBLE / "gateway-plan.yml"):
+        for path, task in (x for t in play["tasks"] for x in _task(ANSIBLE / "gateway-plan.yml", t, None)):
+            module = _module(task)
+            assert module in READ_ONLY | {"ansible.builtin.include_vars", "ansible.builtin.add_host"} or (
+                module in RUNS and task.get("changed_when") is False), f"{path.relative_to(REPO)}: {task['name']}"
+    (play,) = plays[1:]
+    assert play["any_errors_fatal"] is True
+    first, second = (t["ansible.builtin.include_role"] for t in play["tasks"][:2])
+    assert (first["name"], first.get("tasks_from"), second["name"], second.get("tasks_from")) == (
+        "gateway", "preflight.yml", "gateway", None)
+    checks = list(_tasks(ROLES / "gateway" / "tasks" / "preflight.yml", ROLES / "gateway"))
+    for path, task in checks:
+        module = _module(task)
+        assert module in READ_ONLY or (module in RUNS and task.get("changed_when") is False), (
+            f"{path.relative_to(REPO)}: {task['name']}")
+    assert _module(checks[-2][1]) == "ansible.builtin.fail"  # the one refusal, then the maps kept (set_fact)
