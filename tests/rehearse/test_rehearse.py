@@ -43,7 +43,7 @@ from ds4deploy.render.compose import node_project_name, project_name
 from ds4deploy.render.index import REHEARSED
 from tests.rehearse import hardware, nodes
 from tests.rehearse.expect import expectations
-from tests.support.vllm_parser import parse_with_vllm, strip_fork_only
+from tests.support.vllm_parser import VllmParser, strip_fork_only
 
 REHEARSE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
@@ -382,6 +382,15 @@ def node_data():
     nodes.down(remove_data=not KEEP_IMAGES)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def vllm_parser():
+    """vLLM's parser in the engine venv, started before the first recipe's deploy so that its import overlaps the
+    deploy (`tests.support.vllm_parser.VllmParser`)."""
+    parser = VllmParser()
+    yield parser
+    parser.close()
+
+
 @pytest.fixture(scope="module", params=RECIPES)
 def rehearsal(request):
     tmp = Path(tempfile.mkdtemp(prefix=f"ds4-rehearse-{request.param}-"))
@@ -405,12 +414,12 @@ def test_make_deploy_succeeds_on_the_stand_in_nodes(rehearsal):
     assert "--query-gpu=name,clocks.max.graphics,power.min_limit,power.max_limit" in calls
 
 
-def test_every_stand_in_engine_got_what_the_render_says(rehearsal):
+def test_every_stand_in_engine_got_what_the_render_says(rehearsal, vllm_parser):
     reports = [rehearsal.check_report(rank) for rank in range(len(rehearsal.nodes))]
     # The engine arguments each container was given, as `vllm serve` would read them (vLLM's own parser, on the host),
     # after the recipe's declared fork-only flags are removed.
-    parsed = parse_with_vllm([strip_fork_only(r.get("engine_args", []), rehearsal.recipe.engine.fork_only_flags)
-                              for r in reports])
+    parsed = vllm_parser.parse([strip_fork_only(r.get("engine_args", []), rehearsal.recipe.engine.fork_only_flags)
+                                for r in reports])
     for rank, (report, vllm) in enumerate(zip(reports, parsed, strict=True)):
         assert report["problems"] == [], report
         assert vllm["ok"] is True, (report["engine_args"], vllm)

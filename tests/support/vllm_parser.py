@@ -13,21 +13,23 @@ import pytest
 
 from ds4deploy.build.engine_venv import ENGINE_PYTHON
 
-PARSE = textwrap.dedent("""
+# One JSON list of argvs per input line -> one output line MARK + the JSON list of results (vLLM imported once).
+MARK = "ds4-vllm-parsed "
+PARSE = textwrap.dedent(f"""
     import json, sys
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
-    argvs = json.load(sys.stdin)
     parser = make_arg_parser(FlexibleArgumentParser())
-    out = []
-    for argv in argvs:
-        try:
-            ns = parser.parse_args(argv)
-            out.append({"ok": True, "tp": ns.tensor_parallel_size, "pp": ns.pipeline_parallel_size,
-                        "headless": bool(getattr(ns, "headless", False))})
-        except SystemExit as exc:
-            out.append({"ok": False, "code": exc.code})
-    print(json.dumps(out))
+    for line in sys.stdin:
+        out = []
+        for argv in json.loads(line):
+            try:
+                ns = parser.parse_args(argv)
+                out.append({{"ok": True, "tp": ns.tensor_parallel_size, "pp": ns.pipeline_parallel_size,
+                            "headless": bool(getattr(ns, "headless", False))}})
+            except SystemExit as exc:
+                out.append({{"ok": False, "code": exc.code}})
+        print({MARK!r} + json.dumps(out), flush=True)
 """)
 
 
@@ -46,14 +48,47 @@ def strip_fork_only(argv: list[str], fork_only: list[str]) -> list[str]:
     return out
 
 
+def _need_venv() -> None:
+    if not ENGINE_PYTHON.is_file():
+        pytest.fail(f"no engine venv at {ENGINE_PYTHON.parent.parent}. Fix: `make unit` or `make rehearse` (they "
+                    "create it), or `ds4deploy engine-venv --recipe cpu`.")
+
+
+def _results(stdout: str) -> list[dict]:
+    lines = [ln for ln in stdout.splitlines() if ln.startswith(MARK)]
+    assert lines, stdout[-2000:]
+    return json.loads(lines[-1][len(MARK):])
+
+
 def parse_with_vllm(argvs: list[list[str]]) -> list[dict]:
     """Each argv (the words after `vllm serve`) parsed by vLLM's parser, in one engine-venv process: per argv
     {"ok": True, "tp", "pp", "headless"} or {"ok": False, "code": <the parser's exit code, 2 for an unknown flag>}.
     Fails the test (with the fix) when the engine venv is missing."""
-    if not ENGINE_PYTHON.is_file():
-        pytest.fail(f"no engine venv at {ENGINE_PYTHON.parent.parent}. Fix: `make unit` or `make rehearse` (they "
-                    "create it), or `ds4deploy engine-venv --recipe cpu`.")
-    p = subprocess.run([str(ENGINE_PYTHON), "-c", PARSE], input=json.dumps(argvs), capture_output=True, text=True,
-                       timeout=600, check=False)
+    _need_venv()
+    p = subprocess.run([str(ENGINE_PYTHON), "-c", PARSE], input=json.dumps(argvs) + "\n", capture_output=True,
+                       text=True, timeout=600, check=False)
     assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return _results(p.stdout)
+
+
+class VllmParser:
+    """`parse_with_vllm` in one engine-venv process kept open (vLLM is imported once: about 10-20 s on the 2-core
+    host), for callers that parse at several moments (the rehearsal, once per recipe). Close it with `close`."""
+
+    def __init__(self) -> None:
+        _need_venv()
+        self.proc = subprocess.Popen([str(ENGINE_PYTHON), "-c", PARSE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+
+    def parse(self, argvs: list[list[str]]) -> list[dict]:
+        """As `parse_with_vllm`."""
+        self.proc.stdin.write(json.dumps(argvs) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(MARK):
+                return json.loads(line[len(MARK):])
+        pytest.fail(f"vLLM's parser process ended (exit {self.proc.wait()})")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
