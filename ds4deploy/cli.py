@@ -774,6 +774,11 @@ def cmd_gateway_preflight(ns: argparse.Namespace) -> int:
     front door's people maps as JSON for the play to write. Never prints a key in a message."""
     from ds4deploy.operate import gateway_deploy
 
+    if sys.stdout.isatty():
+        raise UserError("gateway preflight prints the front door's people maps, which hold every person's key, for the "
+                        "deploy's play to write: not to a terminal",
+                        "run it through `make deploy RECIPE=<gateway>` (ansible/gateway.yml), or send its output to a "
+                        "file only root can read")
     try:
         seen = json.loads(sys.stdin.read())
     except ValueError:

@@ -30,6 +30,7 @@ from pathlib import Path
 import yaml
 
 from ds4deploy.build import gateway_image
+from ds4deploy.build.image import image_exists
 from ds4deploy.model.manifest import load_manifest
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.render import compose as render
@@ -62,7 +63,6 @@ BACKEND_PORTS = TEST_RIG.backend_ports
 ENGINE_PORTS = TEST_RIG.engine_ports
 
 
-
 def engine_args(port: int, model: str) -> list[str]:
     """The cpu-llamacpp recipe's committed llama-server argv (compose/cpu-llamacpp/engine-args.json: the stack's
     model file, context, slots, default output length, threads and flags, so the conformance matrix through the
@@ -91,9 +91,9 @@ def missing() -> str | None:
     if shutil.which("docker") is None or docker("info", check=False).returncode != 0:
         return "no Docker daemon: the gateway rig runs real containers"
     llama = load_recipe("cpu-llamacpp")
-    if not gateway_image.image_exists(llama.image_ref):
+    if not image_exists(llama.image_ref):
         return f"no {llama.image_ref}: build it with `make llamacpp` or `make deploy RECIPE=cpu-llamacpp`"
-    if not gateway_image.image_exists(front_door.IMAGE):
+    if not image_exists(front_door.IMAGE):
         return f"no {front_door.IMAGE}: `make deploy RECIPE=cpu-llamacpp` builds it"
     return None
 

@@ -173,6 +173,7 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
         "ds4_gw_people_dir": str(gateway.people_dir(gw)),
         "ds4_gw_router_image": gateway.image_ref() if gw.routing.router == "smg" else "",
         "ds4_gw_front_door_image": front_door.IMAGE,
+        "ds4_gw_front_door_container": gateway.front_door_container(gw),
         "ds4_gw_health_timeout_s": HEALTH_TIMEOUT_S,
         # The ports the gateway listens on (the front door on bind_address, SMG's two on loopback): probed free at
         # deploy unless the gateway's own containers hold them (roles/gateway/tasks/preflight.yml).

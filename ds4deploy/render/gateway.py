@@ -73,8 +73,8 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
         The validated `GatewayRecipe`.
     Raises:
         UserError: missing file, YAML error, credentials in the file, schema problems (each with its key path,
-            value, line and what is allowed), a ``fallback`` (the router cannot apply it: docs/gateway.md,
-            "Fallback model"), or a backend problem (`resolve_backends`).
+            value, line and what is allowed), a name that is also a stack recipe's, a ``fallback`` (the router cannot
+            apply it: docs/gateway.md, "Fallback model"), or a backend problem (`resolve_backends`).
     """
     text = str(name_or_path)
     path = Path(text) if text.endswith((".yaml", ".yml")) or "/" in text else gateways_dir() / f"{text}.yaml"
@@ -99,6 +99,12 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
         raise UserError(f"{path}: gateway name '{gw.name}' differs from its file name '{path.stem}'",
                         f"set name: {path.stem}, or rename the file")
     gw._source = path
+    if (paths.RECIPES_DIR / f"{gw.name}.yaml").is_file():
+        # `make deploy RECIPE=<name>` takes a gateway recipe's path when one exists by that name (Makefile GATEWAY):
+        # a stack of the same name could no longer be deployed, status-checked or taken down by name.
+        raise UserError(f"{path}: gateway name '{gw.name}' is also the name of the stack recipe "
+                        f"{paths.RECIPES_DIR / (gw.name + '.yaml')}; make deploy/status/down RECIPE={gw.name} "
+                        "would take the gateway", "give the gateway a name of its own (its file name and name:)")
     if gw.routing.router == "nginx" and len(gw.models) > 1:
         raise UserError(f"{path}: routing.router nginx serves one model name, and models lists {len(gw.models)} "
                         f"({', '.join(gw.models)}): nginx picks a backend before it reads the request body, so it "

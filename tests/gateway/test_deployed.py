@@ -104,12 +104,25 @@ def test_make_deploy_placed_the_committed_render(office) -> None:
 
 def test_make_deploy_again_passes_its_checks_and_keeps_the_gateway(office) -> None:
     """A redeploy of the running gateway: its own containers hold its ports (not refused as busy), and with the render
-    unchanged nothing is recreated (same container ids)."""
+    unchanged nothing is recreated (same container ids). The redeploy follows a person's line removed from the people
+    key file (a revocation): the running door is reloaded, so that key is refused at once while the others work."""
     ids = docker("ps", "--quiet", "--filter", f"label=com.docker.compose.project=ds4-gw-{NAME}").stdout.split()
-    p = make("deploy")
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    assert sorted(docker("ps", "--quiet", "--filter", f"label=com.docker.compose.project=ds4-gw-{NAME}"
-                         ).stdout.split()) == sorted(ids) and len(ids) == 2
+    people_file = office["people_file"]
+    whole = people_file.read_text()
+    write_secret(people_file, "".join(ln for ln in whole.splitlines(keepends=True) if not ln.startswith("carol ")))
+    try:
+        p = make("deploy")
+        assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+        assert sorted(docker("ps", "--quiet", "--filter", f"label=com.docker.compose.project=ds4-gw-{NAME}"
+                             ).stdout.split()) == sorted(ids) and len(ids) == 2
+        assert chat(office, "carol").status_code == 401
+        assert chat(office, "alice").status_code == 200
+    finally:
+        write_secret(people_file, whole)
+        restored = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", NAME, "--reload"],
+                                  capture_output=True, text=True, timeout=120, check=False)
+        assert restored.returncode == 0, restored.stderr
+    assert chat(office, "carol").status_code == 200
 
 
 def test_make_status_shows_the_door_and_every_backend_ready(office) -> None:

@@ -30,10 +30,11 @@ NAME = GATEWAY
 
 
 def assert_nothing_changed(gw, out: str, keys: list[str]) -> None:
-    """No container, no copy of the render, no people maps; no key in the output."""
+    """No container, no copy of the render, no people maps, no metrics key generated; no key in the output."""
     assert gateway_containers() == [], out
     assert not Path(f"{STACKS_ROOT}/{NAME}").exists(), out
     assert not gateway.people_dir(gw).exists(), out
+    assert not Path(gateway.metrics_key_file(gw)).exists(), out
     for k in keys:
         assert k not in out
 

@@ -258,6 +258,16 @@ def test_a_fallback_is_refused_not_ignored(tmp_path: Path) -> None:
                    "other names listed in models")
 
 
+def test_a_gateway_named_like_a_stack_recipe_is_refused(tmp_path: Path) -> None:
+    """`make deploy RECIPE=<name>` takes the gateway when recipes/gateways/<name>.yaml exists: a gateway named like a
+    stack recipe would hide that stack from make deploy/status/down."""
+    data = yaml.safe_load(OFFICE.read_text())
+    data["name"] = "cpu"
+    path = tmp_path / "cpu.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    render_refused(path, "gateway name 'cpu' is also the name of the stack recipe", "a name of its own")
+
+
 def test_router_settings_belong_to_their_router(tmp_path: Path) -> None:
     render_refused(office_nginx(tmp_path, router_port=8035), "router nginx has no router process")
     render_refused(office_nginx(tmp_path, routing={"policy": "least_load"}), "policy set SMG's routing")

@@ -61,12 +61,6 @@ RESTART_TIMEOUT_S = 600
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in nodes need root (namespaces, dockerd)")
 
 
-def standin_base() -> str:
-    """The stand-in engine image's base: the Debian base the front door image is built from on this machine
-    (`ds4deploy.build.image.debian_base`), so a node holds the layers the two share once."""
-    return debian_base()
-
-
 def _stamp(text: str) -> datetime:
     """An RFC 3339 timestamp from Docker (nanoseconds cut to microseconds)."""
     text = text.strip().replace("Z", "+00:00")
@@ -220,7 +214,7 @@ class Rehearsal:
         if owner := owner_base_image(self.recipe):
             # The owner-supplied base (V100: their port's image), which the lock pins by image ID: the stand-in's
             # base stands in for it, tagged under the recipe's name here and loaded into every node (`_images`).
-            subprocess.run(["docker", "tag", standin_base(), owner], check=True, capture_output=True, timeout=60)
+            subprocess.run(["docker", "tag", debian_base(), owner], check=True, capture_output=True, timeout=60)
         args = []
         for art in image_artifacts(self.recipe):
             f = self.tmp / "artifacts" / art.file
@@ -240,19 +234,24 @@ class Rehearsal:
         """Build the stand-in engine image in this machine's daemon, tagged as the recipe's image, and load it (and
         the front door's image) into every node's daemon that lacks one of them, streamed from `docker save`.
 
-        The stand-in is Debian with python3 on the front door's own base (a few hundred MB for both, their base
-        once), so a node loads it in seconds; the node daemons keep their data from one rehearsed recipe to the next
-        (`node_data`). (Building the stand-in in each node's daemon instead gives each node another image ID, which
-        the deploy refuses: one server, one image.)"""
-        if self.deploy_vars["ds4_front_door"] and not image_exists(self.deploy_vars["ds4_front_door_image"]):
-            pytest.fail(f"the front door image {self.deploy_vars['ds4_front_door_image']} is not on this machine. "
-                        "Fix: `make deploy RECIPE=cpu` (builds it), then rehearse.")
+        The stand-in is Debian with python3 (a few hundred MB with the front door, their base once where both are
+        built on the local base), so a node loads it in seconds; the node daemons keep their data from one rehearsed
+        recipe to the next (`node_data`). (Building the stand-in in each node's daemon instead gives each node another
+        image ID, which the deploy refuses: one server, one image.)"""
+        # The stand-in's base: the local Debian base when present (ds4deploy.build.image.debian_base), which the
+        # front door is built from where no registry is reachable, so a node holds the layers the two share once.
+        needed = [debian_base()] + ([self.deploy_vars["ds4_front_door_image"]] if self.deploy_vars["ds4_front_door"]
+                                    else [])
+        if missing := [ref for ref in needed if not image_exists(ref)]:
+            pytest.fail(f"{', '.join(missing)} not on this machine: the rehearsal builds its stand-in engine on the "
+                        "Debian base and loads the front door image into every node. Fix: `make deploy RECIPE=cpu` "
+                        "(builds both; images/base/build-base.sh builds the base alone), then rehearse.")
         ctx = self.tmp / "standin"
         shutil.copytree(REHEARSE / "standin", ctx)
         (ctx / "expect.json").write_text(json.dumps(expectations(self.recipe, model_files), indent=1))
         image = self.recipe.image_ref
         t0 = time.monotonic()
-        subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={standin_base()}",
+        subprocess.run(["docker", "build", "--quiet", "--build-arg", f"BASE_IMAGE={debian_base()}",
                         "--label", f"io.ds4deploy.context-sha256={self._context_sha256()}",
                         "--label", f"io.ds4deploy.recipe={self.name}", "--label", "io.ds4deploy.rehearsal-standin=1",
                         "-t", image, str(ctx)], check=True, capture_output=True, text=True, timeout=900)
@@ -357,7 +356,7 @@ class Rehearsal:
             self.env["HF_ENDPOINT"] = self.hub.stdout.readline().split()[1]
         else:
             self.extra = [f"MODEL_FROM={model}"]
-        self.timings["before-deploy"] = round(time.monotonic() - t0, 1)
+        self.timings["nodes-images-hub"] = round(time.monotonic() - t0, 1)
         self.deploy = self.make("deploy", "deploy", DEPLOY_TIMEOUT_S, *self.extra)
 
     def down(self) -> None:

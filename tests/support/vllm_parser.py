@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 import textwrap
 
 import pytest
@@ -77,18 +78,32 @@ class VllmParser:
 
     def __init__(self) -> None:
         _need_venv()
+        self.stderr = tempfile.TemporaryFile(mode="w+")  # the parser's usage lines, and an import error's traceback
         self.proc = subprocess.Popen([str(ENGINE_PYTHON), "-c", PARSE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True)
+                                     stderr=self.stderr, text=True)
+
+    def _ended(self) -> str:
+        self.stderr.seek(0)
+        return f"vLLM's parser process ended (exit {self.proc.wait()}): {self.stderr.read()[-2000:]}"
 
     def parse(self, argvs: list[list[str]]) -> list[dict]:
         """As `parse_with_vllm`."""
-        self.proc.stdin.write(json.dumps(argvs) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(argvs) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            pytest.fail(self._ended())
         for line in self.proc.stdout:
             if line.startswith(MARK):
                 return json.loads(line[len(MARK):])
-        pytest.fail(f"vLLM's parser process ended (exit {self.proc.wait()})")
+        pytest.fail(self._ended())
 
     def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        """End the process (killed when it does not end within 60 s)."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()

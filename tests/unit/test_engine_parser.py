@@ -18,9 +18,9 @@ BAD = ["--model", "/model", "--no-such-flag-ds4", "1"]
 
 
 @pytest.fixture(scope="module")
-def parsed() -> dict[str, dict]:
-    """Every vLLM-family recipe's rendered engine argv (label "<recipe>/<compose file>/<service>") and the two argvs
-    of BAD, parsed in one engine-venv process (each start imports vLLM: about 20 s on the 2-core host)."""
+def parsed() -> tuple[dict[str, dict], dict[str, dict]]:
+    """(every vLLM-family recipe's rendered engine argv by label "<recipe>/<compose file>/<service>", the two argvs of
+    BAD by label), parsed in one engine-venv process (each start imports vLLM: about 20 s on the 2-core host)."""
     argvs, labels = [], []
     for r in (r for r in all_recipes() if r.engine.family == "vllm"):
         for file, services in node_files(r).items():
@@ -30,15 +30,16 @@ def parsed() -> dict[str, dict]:
                          "${DS4_MASTER_ADDR:?set by the deploy}": "192.0.2.1"}.get(a, a) for a in argv]
                 argvs.append(strip_fork_only(argv, r.engine.fork_only_flags))
                 labels.append(f"{r.name}/{file}/{svc.name}")
-    argvs += [BAD, strip_fork_only(BAD, ["no-such-flag-ds4"])]
-    labels += ["bad", "bad without its fork-only flag"]
-    return dict(zip(labels, parse_with_vllm(argvs), strict=True))
+    bad = {"bad": BAD, "bad without its fork-only flag": strip_fork_only(BAD, ["no-such-flag-ds4"])}
+    results = parse_with_vllm(argvs + list(bad.values()))
+    return (dict(zip(labels, results[:len(labels)], strict=True)),
+            dict(zip(bad, results[len(labels):], strict=True)))
 
 
 def test_every_rendered_argv_parses_with_the_real_vllm_parser(parsed):
     # vLLM's parser judges the vLLM family; llama.cpp argvs are checked by the pinned flag registry and the real
     # llama-server (tests/llamacpp).
-    rendered = {label: res for label, res in parsed.items() if label.count("/") == 2}
+    rendered, _bad = parsed
     assert len(rendered) >= 3, rendered
     assert [label for label, res in rendered.items() if not res["ok"]] == []
     assert rendered["v100x8-ds41-flash-iq2/compose.yaml/engine"]["tp"] == 4
@@ -46,6 +47,7 @@ def test_every_rendered_argv_parses_with_the_real_vllm_parser(parsed):
 
 
 def test_the_parser_rejects_what_stock_vllm_does_not_know(parsed):
-    assert parsed["bad"] == {"ok": False, "code": 2}
+    _rendered, bad = parsed
+    assert bad["bad"] == {"ok": False, "code": 2}
     # Declared fork-only, the flag is removed before parsing, and the rest parses.
-    assert parsed["bad without its fork-only flag"]["ok"] is True
+    assert bad["bad without its fork-only flag"]["ok"] is True

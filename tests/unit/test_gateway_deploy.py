@@ -133,3 +133,22 @@ def test_status_prints_the_backends_of_a_gateway_report() -> None:
                     "health": "200", "logs": "", "backends": "a http://127.0.0.1:1: ready\n"}], out)
     assert out.getvalue() == ("== localhost (gateway, rank 0) ==\nNAME STATUS\nGET /health -> 200\n"
                               "a http://127.0.0.1:1: ready\n")
+
+
+@pytest.mark.tool  # runs the CLI in a subprocess on a pseudo-terminal
+def test_gateway_preflight_prints_no_people_maps_to_a_terminal():
+    """The maps it prints hold every person's key: on a terminal it refuses before reading anything."""
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    leader, follower = pty.openpty()
+    try:
+        p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "preflight", "loopback"],
+                           stdin=subprocess.DEVNULL, stdout=follower, stderr=subprocess.PIPE, text=True, timeout=120,
+                           check=False)
+    finally:
+        os.close(follower)
+        os.close(leader)
+    assert p.returncode == 2 and "not to a terminal" in p.stderr and "Traceback" not in p.stderr, p.stderr

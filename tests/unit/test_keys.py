@@ -39,6 +39,7 @@ def _lines() -> list[str]:
 
 
 @pytest.mark.skipif(shutil.which("grep") is None, reason="no grep")
+@pytest.mark.tool  # runs grep / the entrypoint script in subprocesses
 def test_the_preflight_grep_reads_the_pattern_as_python_does(tmp_path):
     """The preflight's form check is `grep -Eqx DS4_GATEWAY_KEY=<ds4_key_pattern>`: real grep -E accepts exactly the
     lines Python's re accepts."""
@@ -69,6 +70,7 @@ def test_the_container_guards_use_the_one_alphabet():
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
+@pytest.mark.tool  # runs grep / the entrypoint script in subprocesses
 def test_the_entrypoint_admits_exactly_the_alphabet(tmp_path):
     """The real entrypoint on a key ending in each printable character: it passes the key's guard (and stops at the
     missing metrics key, before nginx) exactly for the characters of KEY_ALPHABET."""
