@@ -29,3 +29,17 @@ KEY_MIN_CHARS = 32
 # A whole key: Python's re and POSIX ERE (grep -E) read it alike. Anchor it (re.fullmatch, grep -x).
 KEY_PATTERN = f"[{KEY_ALPHABET}]{{{KEY_MIN_CHARS},}}"
 KEY_RE = re.compile(f"^{KEY_PATTERN}$")
+
+
+def _in_words(alphabet: str) -> str:
+    """A bracket expression's body as words: "A-Za-z0-9_-" -> "A-Z a-z 0-9 _ -"."""
+    parts, i = [], 0
+    while i < len(alphabet):
+        step = 3 if i + 2 < len(alphabet) and alphabet[i + 1] == "-" else 1
+        parts.append(alphabet[i:i + step])
+        i += step
+    return " ".join(parts)
+
+
+# The rule in words, for messages: the Python checks', and the preflight's (play variable ``ds4_key_rule``).
+KEY_RULE = f"{KEY_MIN_CHARS} or more of {_in_words(KEY_ALPHABET)}"

@@ -27,6 +27,7 @@ from pathlib import Path
 import httpx
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.keys import KEY_RULE
 from ds4deploy.operate.incidents import docker_env
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.plan.inventory import Inventory
@@ -254,8 +255,7 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
     if bad is None:
         key = parse_env_file(kf.get("text", "")).get("VLLM_API_KEY")
         if not key or not gateway.KEY_RE.match(key):
-            bad = (f"the gateway key file {gw.key_file} holds no VLLM_API_KEY= line of 32 or more of "
-                   "A-Z a-z 0-9 _ -")
+            bad = f"the gateway key file {gw.key_file} holds no VLLM_API_KEY= line of {KEY_RULE}"
             key = None
     if bad:
         problems.append(bad)

@@ -43,7 +43,7 @@ from typing import Any
 import yaml
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.keys import KEY_PATTERN
+from ds4deploy.core.keys import KEY_PATTERN, KEY_RULE
 from ds4deploy.plan import node_fabric, preflight
 from ds4deploy.plan.check_inputs import DRIVER_FOR_CUDA, datasheet_for, gpu_request_problems
 from ds4deploy.plan.nodes import as_facts, plan
@@ -112,8 +112,8 @@ def play_vars(recipe: Recipe, hosts: dict[str, dict], scope: str = "deploy",
         The render's deploy-vars.yml values, `provision_vars`, ``ds4_fabric_node_rails`` / ``ds4_node_rails`` (each
         host's own rails, `ds4deploy.plan.node_fabric.node_rails`), ``ds4_image_base_id`` (``deploy``: the locked
         image ID of an owner-supplied base image, else null), ``ds4_key_pattern`` (the form of a key, a POSIX ERE:
-        `ds4deploy.core.keys.KEY_PATTERN`) and (outside ``provision``) ``ds4_node_plan`` and
-        ``ds4_node``.
+        `ds4deploy.core.keys.KEY_PATTERN`), ``ds4_key_rule`` (the same in words, for messages) and (outside
+        ``provision``) ``ds4_node_plan`` and ``ds4_node``.
 
     Raises:
         UserError: the recipe cannot be rendered, a host's rail names are wrong (`ds4deploy.plan.node_fabric`), or
@@ -132,6 +132,7 @@ def play_vars(recipe: Recipe, hosts: dict[str, dict], scope: str = "deploy",
     out["ds4_image_base_id"] = pinned_base_id(recipe) if scope == "deploy" else None
     # The form of a key (ds4deploy/core/keys.py, the one source): the preflight checks a backend's gateway key with it.
     out["ds4_key_pattern"] = KEY_PATTERN
+    out["ds4_key_rule"] = KEY_RULE
     if scope != "provision":
         out["ds4_node_plan"] = as_facts(plan(recipe, hosts))
         out["ds4_node"] = NODE_TEMPLATE

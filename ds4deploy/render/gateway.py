@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from ds4deploy.build.gateway_image import image_ref
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.keys import KEY_RE
+from ds4deploy.core.keys import KEY_RE, KEY_RULE
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
@@ -250,7 +250,7 @@ def parse_people_keys(gw: GatewayRecipe, text: str, where: str) -> dict[str, str
         elif person in keys:
             problems.append(f"line {n} gives '{person}' a second key")
         elif not KEY_RE.match(key):
-            problems.append(f"line {n} ('{person}'): the key is not 32 or more of A-Z a-z 0-9 _ -")
+            problems.append(f"line {n} ('{person}'): the key is not {KEY_RULE}")
         elif key in owner:
             first, first_line = owner[key]
             problems.append(f"line {n} gives '{person}' the key of '{first}' (line {first_line}): the log could not "
@@ -260,7 +260,7 @@ def parse_people_keys(gw: GatewayRecipe, text: str, where: str) -> dict[str, str
             owner[key] = (person, n)
     if problems:
         raise UserError(f"{where}: " + "; ".join(problems),
-                        "one line per person of the recipe, each with a key of their own (32+ of A-Z a-z 0-9 _ -)")
+                        f"one line per person of the recipe, each with a key of their own ({KEY_RULE})")
     return keys
 
 

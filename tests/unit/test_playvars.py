@@ -10,7 +10,7 @@ import yaml
 
 from ds4deploy.cli import main
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.keys import KEY_PATTERN
+from ds4deploy.core.keys import KEY_PATTERN, KEY_RULE
 from ds4deploy.plan import playvars
 from ds4deploy.plan.inventory import read_inventory
 from ds4deploy.recipe.load import load_recipe
@@ -38,6 +38,7 @@ def test_play_vars_are_the_committed_render_plus_provisioning_plus_the_plan():
     assert got["ds4_node_plan"]["node-b"]["launch_env"]["DS4_NODE_RANK"] == "1"
     assert got["ds4_node"] == "{{ ds4_node_plan[inventory_hostname] }}"
     assert got["ds4_key_pattern"] == KEY_PATTERN  # the preflight's key form (tests/unit/test_keys.py)
+    assert got["ds4_key_rule"] == KEY_RULE == "32 or more of A-Z a-z 0-9 _ -"  # and its messages
     # Provisioning needs no node plan (the test hosts carry no ranks).
     assert "ds4_node_plan" not in playvars.play_vars(recipe, {}, "provision")
 
