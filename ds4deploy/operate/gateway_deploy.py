@@ -176,11 +176,12 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
         "ds4_gw_front_door_image": front_door.IMAGE,
         "ds4_gw_front_door_container": gateway.front_door_container(gw),
         "ds4_gw_health_timeout_s": HEALTH_TIMEOUT_S,
-        # The ports the gateway listens on (the front door on bind_address, SMG's two on loopback): probed free at
-        # deploy unless the gateway's own containers hold them (roles/gateway/tasks/preflight.yml).
-        "ds4_gw_ports": [{"host": gw.bind_address, "port": gw.port}] + [
-            {"host": "127.0.0.1", "port": p} for p in (gw.router_port, gw.router_metrics_port)
-            if p is not None and gw.routing.router == "smg"],
+        # The ports the gateway listens on, with the compose service that holds each (the front door on
+        # bind_address, SMG's two on loopback): probed free at deploy unless that service's own container runs
+        # (roles/gateway/tasks/preflight.yml).
+        "ds4_gw_ports": [{"host": gw.bind_address, "port": gw.port, "service": gateway.DOOR_SERVICE}] + [
+            {"host": "127.0.0.1", "port": p, "service": gateway.ROUTER_SERVICE}
+            for p in (gw.router_port, gw.router_metrics_port) if p is not None and gw.routing.router == "smg"],
         "ds4_gw_backends": [{"name": b.name, "url": b.url, "models": list(b.models)} for b in backends],
     }
 

@@ -47,6 +47,9 @@ from ds4deploy.render.compose import COMPOSE_DIR
 # Where the people maps are mounted in the front door container (written on the host by `write_people_maps`).
 CONTAINER_PEOPLE_DIR = "/etc/ds4deploy/people"
 PERSON_LINE_RE = re.compile(r"^(?P<person>\S+)\s+(?P<key>\S+)$")
+# The compose services of a gateway render: the router (SMG; none with routing.router nginx) and the front door.
+ROUTER_SERVICE = "router"
+DOOR_SERVICE = "front-door"
 
 
 def gateways_dir() -> Path:
@@ -374,7 +377,7 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
     compose = {
         "name": project_name(gw),
         "services": {
-            "router": {
+            ROUTER_SERVICE: {
                 "image": image_ref(),
                 "container_name": f"{project_name(gw)}-router",
                 "command": argv,
@@ -388,14 +391,14 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
                 "restart": "unless-stopped", "stop_grace_period": "30s", "logging": log,
                 "labels": {**label, "io.ds4deploy.role": "router"},
             },
-            "front-door": {
+            DOOR_SERVICE: {
                 "image": front_door.IMAGE,
                 "container_name": front_door_container(gw),
                 "env_file": [*secrets_env,
                              {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{metrics_key_file(gw)}}}",
                               "required": False}],
                 "environment": {"DS4_FRONT_DOOR_CONF_SHA256": conf_sha},
-                "depends_on": {"router": {"condition": "service_healthy"}},
+                "depends_on": {ROUTER_SERVICE: {"condition": "service_healthy"}},
                 "network_mode": "host",
                 "read_only": True,
                 "tmpfs": ["/run", "/var/lib/nginx", "/var/log/nginx"],
@@ -412,8 +415,8 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
     }
     if nginx_router:
         # The front door routes itself: no router service to wait for.
-        del compose["services"]["router"]
-        del compose["services"]["front-door"]["depends_on"]
+        del compose["services"][ROUTER_SERVICE]
+        del compose["services"][DOOR_SERVICE]["depends_on"]
     head = (f"# Rendered by `ds4deploy gateway render {gw.name}` from recipes/gateways/{gw.name}.yaml. Do not edit "
             "by hand.\n# Keys: the gateway key file and the people maps on the gateway host, never here "
             "(docs/gateway.md).\n")
