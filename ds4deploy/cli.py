@@ -819,6 +819,17 @@ def cmd_gateway_status(ns: argparse.Namespace) -> int:
                   extra=(f"gateway={ns.gateway}",))
 
 
+def _collect_options(p: argparse.ArgumentParser, what: str, per: str) -> None:
+    """The options of an incident collection before a stop (`incident collect`, `gateway collect`): inventory,
+    reason, the incidents root and how many folders are kept (ds4deploy.operate.incidents' INCIDENTS_ROOT, KEEP)."""
+    from ds4deploy.operate.incidents import INCIDENTS_ROOT, KEEP
+
+    p.add_argument("--inventory", default="ansible/inventories/local.yml")
+    p.add_argument("--reason", default="stop", help=f"why the {what} is stopped (kept in incident.json)")
+    p.add_argument("--root", default=str(INCIDENTS_ROOT), help="incidents root (default %(default)s)")
+    p.add_argument("--keep", type=int, default=KEEP, help=f"incident folders kept per {per} (default %(default)s)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argparse tree of every ds4deploy command."""
     p = argparse.ArgumentParser(prog="ds4deploy", description=__doc__.splitlines()[0])
@@ -965,10 +976,7 @@ def build_parser() -> argparse.ArgumentParser:
     ic = inc.add_parser("collect", help="save every node's engine logs and container states (before a stop); print "
                         "the folder and the earliest fatal line as JSON")
     ic.add_argument("recipe")
-    ic.add_argument("--inventory", default="ansible/inventories/local.yml")
-    ic.add_argument("--reason", default="stop", help="why the stack is stopped (kept in incident.json)")
-    ic.add_argument("--root", default="/var/lib/ds4deploy/incidents", help="incidents root (default %(default)s)")
-    ic.add_argument("--keep", type=int, default=20, help="incident folders kept per recipe (default %(default)s)")
+    _collect_options(ic, "stack", "recipe")
     ic.set_defaults(func=cmd_incident_collect)
 
     from ds4deploy.operate.supervisor import Policy  # its defaults are the flags' defaults (one source)
@@ -1175,10 +1183,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc = gp.add_parser("collect", help="save the gateway's logs and container states in an incident folder (before "
                        "a stop); print it as JSON")
     gc.add_argument("gateway")
-    gc.add_argument("--inventory", default="ansible/inventories/local.yml")
-    gc.add_argument("--reason", default="stop", help="why the gateway is stopped (kept in incident.json)")
-    gc.add_argument("--root", default="/var/lib/ds4deploy/incidents", help="incidents root (default %(default)s)")
-    gc.add_argument("--keep", type=int, default=20, help="incident folders kept per gateway (default %(default)s)")
+    _collect_options(gc, "gateway", "gateway")
     gc.set_defaults(func=cmd_gateway_collect)
     gs = gp.add_parser("status", help="the gateway's containers, its front door's /health, every backend's readiness")
     gs.add_argument("gateway")

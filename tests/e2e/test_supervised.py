@@ -4,9 +4,12 @@ order, and the front door serves again, with no one starting the supervisor by h
 
 from __future__ import annotations
 
+import contextlib
+import http.client
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -98,20 +101,42 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
     errors: list[str] = []
     seen_deployed = len(_events(0))
 
+    conns: list[http.client.HTTPConnection] = []  # every client's open connection, for `leave`
+    held = threading.Lock()
+
     def client() -> None:
-        # Streamed, so a client leaves its request as soon as the checks are done: closing the stream aborts the
-        # request in the engine (the front door passes the client's close on), instead of every queued 1,024-token
-        # request being generated to its end before the next test.
-        with httpx.Client(timeout=300) as c:
-            while not stop.is_set():
-                with c.stream("POST", f"{url}/v1/completions", json={**body, "stream": True},
-                              headers=headers) as r:
-                    if r.status_code != 200:
-                        errors.append(f"{r.status_code} {r.read()[:200]!r}")
-                        return  # the test fails on it: this client stops loading
-                    for _ in r.iter_lines():
-                        if stop.is_set():
-                            break
+        # Whole (not streamed) answers: a stream's per-token events would load the engine's API server and slow the
+        # /metrics readings under test. At the end `leave` shuts each connection: the front door passes the close on
+        # and vLLM drops the request, instead of generating every queued 1,024-token answer before the next test.
+        payload = json.dumps(body)
+        while not stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", DV["ds4_port"], timeout=300)
+            conn.connect()
+            with held:
+                if stop.is_set():
+                    conn.close()
+                    return
+                conns.append(conn)
+            try:
+                conn.request("POST", "/v1/completions", payload, {**headers, "Content-Type": "application/json"})
+                r = conn.getresponse()
+                text = r.read()
+            except (OSError, http.client.HTTPException):
+                return  # `leave` shut the connection
+            finally:
+                conn.close()
+            if r.status != 200:
+                errors.append(f"{r.status} {text[:200]!r}")
+                return  # the test fails on it: this client stops loading
+
+    def leave() -> None:
+        stop.set()
+        with held:
+            for conn in conns:
+                sock = conn.sock  # None once its client closed it
+                if sock is not None:
+                    with contextlib.suppress(OSError):  # closed meanwhile
+                        sock.shutdown(socket.SHUT_RDWR)
 
     threads = [threading.Thread(target=client, daemon=True) for _ in range(BUSY_CLIENTS)]
     for t in threads:
@@ -144,7 +169,7 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
         assert waited_s > BUSY_PROBE_TIMEOUT_S, f"the load made a one-token request wait only {waited_s:.1f} s"
         _out, err = sup.communicate(timeout=240)
     finally:
-        stop.set()
+        leave()
         for t in threads:
             t.join(timeout=300)
     events = [json.loads(x) for x in journal.read_text().splitlines()]
