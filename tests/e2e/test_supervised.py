@@ -106,8 +106,9 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
 
     def client() -> None:
         # Whole (not streamed) answers: a stream's per-token events would load the engine's API server and slow the
-        # /metrics readings under test. At the end `leave` shuts each connection: the front door passes the close on
-        # and vLLM drops the request, instead of generating every queued 1,024-token answer before the next test.
+        # /metrics readings under test. At the end `leave` shuts each connection, so the clients stop at once rather
+        # than waiting for every queued 1,024-token answer (the front door closes its upstream connection when the
+        # client goes; that vLLM then drops the request, rather than finishing it, is not asserted here).
         payload = json.dumps(body)
         while not stop.is_set():
             conn = http.client.HTTPConnection("127.0.0.1", DV["ds4_port"], timeout=300)
