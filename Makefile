@@ -234,8 +234,9 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 # cpu-llamacpp image and tiny GGUF), then status, routing, sticky sessions, people's keys, revocation, usage,
 # drain/rejoin, the conformance matrix through the gateway, `make down` (evidence first) and the deploy's refusals
 # (tests/gateway). Not part of `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image
-# on first use (pip downloads its pinned wheels). On the 2-core machine 171-288 s, 45 tests (2026-12-02; 197 s with
-# 40 before the deploy path; its conformance matrix alone varies 37-76 s between runs: docs/gateway.md).
+# on first use (pip downloads its pinned wheels). On the 2-core machine 337 s, 47 tests, with a cpu deploy running
+# beside it (2026-12-02, main after the review's mends); 171-288 s, 45 tests, in the helper's runs; its conformance
+# matrix alone varies 37-76 s between runs (docs/gateway.md).
 e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends (not in make test)
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
 
