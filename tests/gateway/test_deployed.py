@@ -123,8 +123,8 @@ def test_make_deploy_again_passes_its_checks_and_keeps_the_gateway(office) -> No
         restored = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", NAME, "--reload"],
                                   capture_output=True, text=True, timeout=120, check=False)
         assert restored.returncode == 0, restored.stderr
-    restored = chat(office, "carol").status_code
-    assert restored == 200
+    back = chat(office, "carol").status_code
+    assert back == 200
 
 
 def test_make_status_shows_the_door_and_every_backend_ready(office) -> None:
