@@ -85,8 +85,12 @@ else
 	@$(BIN)/ds4deploy supervisor status $(RECIPE) || true
 endif
 
-logs: venv ## [LINES=200] [V=1] status plus each node's log tail
+logs: venv ## [LINES=200] [V=1] status plus each node's log tail (a gateway: its containers' log tail)
+ifneq ($(GATEWAY),)
+	@$(BIN)/ds4deploy gateway status $(RECIPE) --inventory $(INVENTORY) --logs $(or $(LINES),200) $(if $(V),--verbose)
+else
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) --logs $(or $(LINES),200) $(if $(V),--verbose)
+endif
 
 render: venv ## re-render compose/, the index recipes/README.md and docs/recipe-reference.md
 	$(BIN)/ds4deploy render
@@ -171,11 +175,15 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
 	exit $$status
 
-# The rehearsal last: its nodes load the front door image that e2e's deploy builds.
+# The rehearsal last: its nodes load the front door image that e2e's deploy builds. The engine venv and the GX10 pin's
+# parser code (the unit tier's set-up: pip and a download, about 150 s on a fresh clone) are made in the background
+# while lint runs; lint reads neither.
 test: venv ## lint, unit, e2e (offline, multinode), llamacpp, e2e-llamacpp, test-hosts, rehearse: what CI runs; each tier's wall time at the end
 	@mkdir -p .cache && : > .cache/tier-times
 	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; \
+	$(MAKE) --no-print-directory $(ENGINE_VENV)/.pins $(PARSER_PINS) > .cache/engine-venv.log 2>&1 & deps=$$!; \
 	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && \
+	  { wait $$deps || { cat .cache/engine-venv.log; false; }; } && \
 	  $(call TIER,unit) $(MAKE) --no-print-directory unit ENGINE_TESTS=deployed && \
 	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed && \
 	  $(MAKE) --no-print-directory llamacpp && \

@@ -812,10 +812,11 @@ def cmd_gateway_collect(ns: argparse.Namespace) -> int:
 
 
 def cmd_gateway_status(ns: argparse.Namespace) -> int:
-    """Print the gateway's containers, its front door's /health and every backend's readiness."""
+    """Print the gateway's containers, its front door's /health and every backend's readiness (--logs N: and the
+    gateway containers' last N log lines)."""
     from ds4deploy.operate.status import status
 
-    return status(ns.gateway, ns.inventory, verbose=ns.verbose, playbook_name="gateway-status.yml",
+    return status(ns.gateway, ns.inventory, log_lines=ns.logs, verbose=ns.verbose, playbook_name="gateway-status.yml",
                   extra=(f"gateway={ns.gateway}",))
 
 
@@ -1188,6 +1189,7 @@ def build_parser() -> argparse.ArgumentParser:
     gs = gp.add_parser("status", help="the gateway's containers, its front door's /health, every backend's readiness")
     gs.add_argument("gateway")
     gs.add_argument("--inventory", default="ansible/inventories/local.yml")
+    gs.add_argument("--logs", type=int, default=0, metavar="N", help="also the gateway containers' last N log lines")
     gs.add_argument("--verbose", action="store_true", help="Ansible's whole output instead")
     gs.set_defaults(func=cmd_gateway_status)
 

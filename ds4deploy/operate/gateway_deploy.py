@@ -236,8 +236,9 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
 
     Args:
         name: the gateway.
-        seen: ``{"key_file": {"exists", "mode", "text"}, "people_key_file": {...}, "ports_busy": [port, ...]}``
-            (text: the file's content, when it exists; ports_busy: the gateway's ports another process holds).
+        seen: ``{"key_file": {"exists", "mode", "text"}, "people_key_file": {...}, "metrics_key_file": {"exists",
+            "mode"}, "ports_busy": [port, ...]}`` (text: the file's content, when it exists; the metrics key file may
+            be missing, the deploy generates it; ports_busy: the gateway's ports another process holds).
 
     Returns:
         The front door's people maps (file name -> text: `ds4deploy.render.gateway.people_maps`), for the play to
@@ -245,8 +246,9 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
 
     Raises:
         UserError: one message with every problem: a key file missing, open to others or malformed (a person's key
-            reused for another person among them), a port of the gateway in use, a backend unreachable, refusing
-            the gateway key, or serving other model names. The message never holds a key.
+            reused for another person among them), a metrics key file kept from an earlier deploy open to others, a
+            port of the gateway in use, a backend unreachable, refusing the gateway key, or serving other model
+            names. The message never holds a key.
     """
     gw = gateway.load_gateway(name)
     problems, fixes = [], []
@@ -275,6 +277,12 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
         except UserError as exc:
             problems.append(exc.cause)
             fixes.append(exc.fix)
+    mf, metrics_file = seen.get("metrics_key_file", {}), gateway.metrics_key_file(gw)
+    bad = _file_problem("the metrics key file", metrics_file, mf) if mf.get("exists") else None
+    if bad:
+        problems.append(bad + " (anyone on the gateway host could read the door's /metrics)")
+        fixes.append(f"chmod 600 {metrics_file} (delete it to have the deploy generate a new key if others may have "
+                     "read it)")
     busy = sorted(int(p) for p in seen.get("ports_busy", []))
     if busy:
         problems.append(f"port(s) {', '.join(map(str, busy))} on the gateway host are in use by another process "

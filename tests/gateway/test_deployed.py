@@ -138,6 +138,19 @@ def test_make_status_shows_the_door_and_every_backend_ready(office) -> None:
     assert office["gw_key"] not in out
 
 
+def test_make_logs_adds_the_gateways_log_lines_without_a_key(office) -> None:
+    """`make logs RECIPE=<gateway>`: the status report plus the containers' log tail, in which the door's JSON line
+    per request names the person (the redeploy test's requests came before), and no key appears."""
+    assert chat(office, "alice").status_code == 200
+    time.sleep(2)  # the door's access log is flushed every second (gateway-front-door.conf.j2)
+    p = make("logs")
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert "GET /health -> 200" in out, out
+    assert '"person":"alice"' in out, out
+    assert office["gw_key"] not in out and not any(k in out for k in office["keys"].values())
+
+
 def chat(office, person: str, model: str = "office-tiny", session: str | None = None, *,
          via: str = "bearer", key: str | None = None) -> httpx.Response:
     key = key or office["keys"][person]

@@ -127,6 +127,17 @@ def test_key_files_missing_open_or_malformed(tmp_path, backend) -> None:
         gd.check_secrets_and_backends(path, _seen(f"VLLM_API_KEY={GW_KEY}\n", None))
 
 
+def test_a_kept_metrics_key_file_must_be_0600_and_a_missing_one_is_generated(tmp_path, backend) -> None:
+    path = _recipe(tmp_path, [backend])
+    good = _seen(f"VLLM_API_KEY={GW_KEY}\n", "alice ds4p-alice-" + "a" * 30 + "\n")
+    for mode in ("0644", "0640"):
+        with pytest.raises(UserError, match=rf"the metrics key file .* has mode {mode}") as exc:
+            gd.check_secrets_and_backends(path, {**good, "metrics_key_file": {"exists": True, "mode": mode}})
+        assert "chmod 600" in exc.value.fix
+    for fine in ({"exists": True, "mode": "0600"}, {"exists": False, "mode": "0000"}):
+        assert gd.check_secrets_and_backends(path, {**good, "metrics_key_file": fine})
+
+
 def test_status_prints_the_backends_of_a_gateway_report() -> None:
     out = io.StringIO()
     print_reports([{"node": "localhost", "role": "gateway", "rank": "0", "containers": "NAME STATUS\n",
