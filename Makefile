@@ -52,7 +52,10 @@ deploy: venv ## [RECIPE=cpu] [INVENTORY=ansible/inventories/local.yml] deploy th
 ## RECIPE=<gateway> (recipes/gateways/): the gateway on the inventory's gateway host (docs/gateway.md)
 ifneq ($(GATEWAY),)
 	@vars=$$($(BIN)/ds4deploy gateway vars $(RECIPE) --inventory $(INVENTORY) --scope deploy) && \
-	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/gateway.yml -e gateway=$(RECIPE) -e ds4_gw_vars_file=$$vars
+	  $(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/gateway.yml -e gateway=$(RECIPE) \
+	  -e ds4_gw_vars_file=$$vars -e ds4_pause_supervisor=true
+	@# As for a stack: gateway.yml stops the gateway's supervisor once every check has passed, started again here.
+	@$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY)
 else
 	@vars=$$($(BIN)/ds4deploy vars $(RECIPE) --inventory $(INVENTORY) --scope deploy \
 	  $(if $(OFFLINE),--bundle $(abspath $(OFFLINE))) $(if $(MODEL_FROM),--model-from $(abspath $(MODEL_FROM)))) && $(if $(OFFLINE),echo "bundle verified: $(OFFLINE)" &&) \
@@ -66,8 +69,9 @@ else
 endif
 
 down: venv ## [RECIPE=..] [INVENTORY=..] stop the supervisor, then the stack (head first)
-## a gateway: its logs saved first, then its containers removed
+## a gateway: its supervisor stopped, its logs saved, then its containers removed
 ifneq ($(GATEWAY),)
+	@$(BIN)/ds4deploy supervisor stop $(RECIPE)
 	$(ANSIBLE_ENV) $(BIN)/ansible-playbook -i $(INVENTORY) ansible/gateway-down.yml -e gateway=$(RECIPE)
 else
 	@$(BIN)/ds4deploy supervisor stop $(RECIPE)
@@ -77,9 +81,10 @@ endif
 # Every node of the recipe: containers, /health on the head; `make logs [LINES=200]` adds each node's log tail.
 # Printed as docker printed them (ds4deploy status); Ansible's own output only on failure or with V=1.
 status: venv ## [RECIPE=..] [INVENTORY=..] [V=1] every node's containers, /health, the supervisor
-## a gateway: its containers, its front door's /health, every backend's readiness
+## a gateway: its containers, its front door's /health, every backend's readiness, its supervisor
 ifneq ($(GATEWAY),)
 	@$(BIN)/ds4deploy gateway status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
+	@$(BIN)/ds4deploy supervisor status $(RECIPE) || true
 else
 	@$(BIN)/ds4deploy status $(RECIPE) --inventory $(INVENTORY) $(if $(V),--verbose)
 	@$(BIN)/ds4deploy supervisor status $(RECIPE) || true
@@ -107,7 +112,7 @@ lint-yaml: venv ## yamllint (strict)
 	$(BIN)/yamllint -s .
 
 lint-ansible: venv ## ansible-lint, production profile
-	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml gateway.yml gateway-plan.yml gateway-status.yml gateway-down.yml roles
+	cd ansible && ANSIBLE_CONFIG=ansible.cfg ../$(BIN)/ansible-lint --profile production --offline site.yml preflight.yml provision.yml provision-hosts.yml down.yml restart.yml status.yml nodes-plan.yml nodes-start.yml nodes-stop.yml gateway.yml gateway-plan.yml gateway-status.yml gateway-down.yml gateway-restart.yml roles
 
 lint-docker: venv ## hadolint on every Dockerfile
 	$(BIN)/hadolint images/*/Dockerfile

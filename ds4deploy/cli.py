@@ -513,32 +513,47 @@ def cmd_incident_collect(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _supervised(name: str):
+    """The stack recipe or the gateway recipe (recipes/gateways/<name>.yaml) `supervise` and `supervisor` take by
+    `name`. Raises UserError: no such recipe, or a gateway named as a stack recipe (`load_gateway` refuses it)."""
+    from ds4deploy.operate.gateway_supervise import is_gateway
+    from ds4deploy.recipe.load import load_recipe
+    from ds4deploy.render import gateway
+
+    return gateway.load_gateway(name) if is_gateway(name) else load_recipe(name)
+
+
 def cmd_supervise(ns: argparse.Namespace) -> int:
-    """Watch a deployed recipe and restart its node group in order on failure (see ds4deploy.operate.supervisor)."""
+    """Watch a deployed recipe and restart its node group in order on failure (see ds4deploy.operate.supervisor);
+    a gateway: its containers and its door's /health, restarted from its deployed copy
+    (ds4deploy.operate.gateway_supervise)."""
     import signal
 
+    from ds4deploy.operate.gateway_supervise import make_gateway_target
     from ds4deploy.operate.supervisor import Journal, Policy, make_target, supervise
-    from ds4deploy.recipe.load import load_recipe
+    from ds4deploy.recipe.schema import GatewayRecipe
 
     # Ctrl-C / SIGINT stops it even when started from a shell that ignores SIGINT for background jobs (POSIX sh
     # does for `cmd &`; Python then installs no KeyboardInterrupt handler and the supervisor could not be stopped).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    recipe = load_recipe(ns.recipe)
+    recipe = _supervised(ns.recipe)
+    gw = isinstance(recipe, GatewayRecipe)
+    bound = ns.progress_bound if ns.progress_bound is not None else (
+        Policy.progress_bound_s if gw else recipe.serving.progress_bound_s)
     policy = Policy(interval_s=ns.interval, failures_to_restart=ns.failures, probe_every_s=ns.probe_every,
                     probe_timeout_s=ns.probe_timeout, reading_timeout_s=ns.reading_timeout,
-                    max_restarts=ns.max_restarts, window_s=ns.window,
-                    backoff_s=ns.backoff, progress_bound_s=(
-                        recipe.serving.progress_bound_s if ns.progress_bound is None else ns.progress_bound))
+                    max_restarts=ns.max_restarts, window_s=ns.window, backoff_s=ns.backoff, progress_bound_s=bound)
     journal = Journal(Path(ns.journal or f"/var/lib/ds4deploy/supervise/{recipe.name}.jsonl"))
-    return supervise(make_target(recipe, Path(ns.inventory), ns.url), policy, journal, max_cycles=ns.cycles)
+    target = (make_gateway_target(recipe, Path(ns.inventory), ns.url) if gw
+              else make_target(recipe, Path(ns.inventory), ns.url))
+    return supervise(target, policy, journal, max_cycles=ns.cycles)
 
 
 def cmd_supervisor(ns: argparse.Namespace) -> int:
-    """Start, stop or show the recipe's supervisor service (see ds4deploy.operate.service)."""
+    """Start, stop or show the supervisor service of a recipe or a gateway (see ds4deploy.operate.service)."""
     from ds4deploy.operate import service as svc
-    from ds4deploy.recipe.load import load_recipe
 
-    recipe = load_recipe(ns.recipe)
+    recipe = _supervised(ns.recipe)
     if ns.action == "start":
         out = svc.start(recipe, Path(ns.inventory))
         where = out.get("unit") or f"pid {out['pid']}, log {out['log']}"
@@ -983,10 +998,10 @@ def build_parser() -> argparse.ArgumentParser:
     from ds4deploy.operate.supervisor import Policy  # its defaults are the flags' defaults (one source)
 
     sv = sub.add_parser("supervise", help="restart a deployed node group in order when it dies, turns unhealthy "
-                        "or stops making progress")
-    sv.add_argument("recipe")
+                        "or stops making progress (a gateway: when a container stops or its door's /health fails)")
+    sv.add_argument("recipe", help="a stack recipe, or a gateway (recipes/gateways/<name>.yaml)")
     sv.add_argument("--inventory", default="ansible/inventories/local.yml")
-    sv.add_argument("--url", help="the head's API (default: from the recipe and inventory)")
+    sv.add_argument("--url", help="the head's API, a gateway's front door (default: from the recipe and inventory)")
     sv.add_argument("--journal", help="JSON-lines journal (default /var/lib/ds4deploy/supervise/<recipe>.jsonl)")
     sv.add_argument("--interval", type=float, default=Policy.interval_s, help="seconds between checks")
     sv.add_argument("--failures", type=int, default=Policy.failures_to_restart,
@@ -1010,7 +1025,7 @@ def build_parser() -> argparse.ArgumentParser:
     ss = sub.add_parser("supervisor", help="run `supervise` for a deployed recipe as a service (systemd unit, or a "
                         "detached process recorded in the stack directory): start, stop, status")
     ss.add_argument("action", choices=["start", "stop", "status"])
-    ss.add_argument("recipe")
+    ss.add_argument("recipe", help="a stack recipe, or a gateway (recipes/gateways/<name>.yaml)")
     ss.add_argument("--inventory", default="ansible/inventories/local.yml")
     ss.set_defaults(func=cmd_supervisor)
 

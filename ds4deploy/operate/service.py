@@ -9,6 +9,11 @@ exactly that process and no other. The stack directory is the control host's ``/
 (ansible/group_vars/all.yml ds4_node_stack_dir); the supervisor's own output goes to ``supervise.log`` beside it,
 its journal to /var/lib/ds4deploy/supervise/<recipe>.jsonl (ds4deploy.operate.supervisor).
 
+A gateway (recipes/gateways/<name>.yaml) has its supervisor the same way, named after the gateway: unit
+``ds4deploy-supervise-<gateway>.service``, record ``<STACKS_DIR>/<gateway>/supervise.json``, journal
+``/var/lib/ds4deploy/supervise/<gateway>.jsonl``, install ``/opt/ds4deploy/supervisor/<gateway>/`` (a gateway's name
+is never a stack recipe's: `ds4deploy.render.gateway.load_gateway` refuses it, so the two never share these).
+
 The stack is host-wide, so its supervisor must not depend on the checkout that deployed it: `start` first installs
 what the supervisor runs and reads under ``/opt/ds4deploy/supervisor/<stack>/`` (`install`): a copy of this venv
 (``venv/``; hardlinked where /opt shares the checkout's filesystem, its scripts pointed at the copy's own python),
@@ -29,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.recipe.schema import Recipe
+from ds4deploy.recipe.schema import GatewayRecipe, Recipe
 
 STACKS_DIR = Path(os.environ.get("DS4_STACKS_DIR", "/opt/ds4deploy/stacks"))
 # Where each stack's supervisor is installed, apart from any checkout (`install`).
@@ -47,7 +52,7 @@ STOP_TIMEOUT_S = 15
 START_TIMEOUT_S = 60
 
 
-def unit_name(recipe: Recipe) -> str:
+def unit_name(recipe: Recipe | GatewayRecipe) -> str:
     """systemd unit of the recipe's supervisor."""
     return f"ds4deploy-supervise-{recipe.name}.service"
 
@@ -60,7 +65,7 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
-def install(recipe: Recipe, inventory: Path) -> tuple[list[str], Path]:
+def install(recipe: Recipe | GatewayRecipe, inventory: Path) -> tuple[list[str], Path]:
     """Install the recipe's supervisor under INSTALL_DIR/<stack>/, independent of this checkout; returns (argv of the
     installed supervisor, its working directory). The previous install of the stack is replaced whole.
 
@@ -122,7 +127,7 @@ def install(recipe: Recipe, inventory: Path) -> tuple[list[str], Path]:
     return argv, dest / "root"
 
 
-def unit_text(recipe: Recipe, argv: list[str], cwd: Path) -> str:
+def unit_text(recipe: Recipe | GatewayRecipe, argv: list[str], cwd: Path) -> str:
     """The systemd unit of the recipe's supervisor (`argv` run in `cwd`, as `install` returns them): restarted when
     it fails, except after it gave up (exit 3, ds4deploy.operate.supervisor.GAVE_UP_EXIT), which asks for a
     human."""
@@ -137,7 +142,7 @@ def unit_text(recipe: Recipe, argv: list[str], cwd: Path) -> str:
 class Service:
     """Where a recipe's supervisor is recorded on the control host."""
 
-    recipe: Recipe
+    recipe: Recipe | GatewayRecipe
 
     @property
     def dir(self) -> Path:
@@ -170,7 +175,7 @@ def _alive(rec: dict) -> bool:
     return cmdline[-len(rec["argv"]):] == rec["argv"]
 
 
-def status(recipe: Recipe) -> dict:
+def status(recipe: Recipe | GatewayRecipe) -> dict:
     """{"mode": "systemd"|"process", "running": bool, "pid"?, "unit"?, "since"?}."""
     if _systemd():
         p = _systemctl("is-active", unit_name(recipe))
@@ -183,7 +188,7 @@ def status(recipe: Recipe) -> dict:
             "log": str(svc.log)}
 
 
-def stop(recipe: Recipe) -> dict:
+def stop(recipe: Recipe | GatewayRecipe) -> dict:
     """Stop the recipe's supervisor if it runs. Returns what was stopped ({"stopped": bool, ...})."""
     if _systemd():
         unit = unit_name(recipe)
@@ -208,7 +213,7 @@ def stop(recipe: Recipe) -> dict:
     return {"stopped": stopped, "pid": rec["pid"]}
 
 
-def start(recipe: Recipe, inventory: Path) -> dict:
+def start(recipe: Recipe | GatewayRecipe, inventory: Path) -> dict:
     """Start the recipe's supervisor (stopping a running one first, so it runs this checkout's code and recipe),
     installed apart from this checkout (`install`).
 

@@ -38,6 +38,9 @@ their engines at once; after a reboot or a daemon restart the engines are down, 
 restarting, the host is rebooting or unreachable), nothing can be restarted there: the supervisor records
 ``unreachable`` once, waits without spending its restart budget, records ``reachable`` when every node answers again,
 and only then judges the containers (a daemon restart counted as failed restarts used to exhaust the budget).
+
+A gateway (recipes/gateways/) is watched by the same loop and policy through a target of its own:
+`ds4deploy.operate.gateway_supervise`.
 """
 
 from __future__ import annotations
@@ -69,6 +72,52 @@ UNKNOWN = "unknown"  # prefix of a node state when its Docker daemon did not ans
 def describe_states(states: dict[str, str]) -> str:
     """Node -> state, as one line for the journal and messages: "node-a: running, node-b: exited" (sorted by node)."""
     return ", ".join(f"{n}: {st}" for n, st in sorted(states.items()))
+
+
+def project_state(node: str, hostvars: dict, project: str) -> str:
+    """The state of compose `project`'s containers on `node`: "running" when all run, else the first other state
+    ("exited", "paused", ...), "missing" when it has none, ``"unknown (<why>)"`` when the node's Docker daemon did not
+    answer. The daemon is reached as `ds4deploy.operate.incidents.docker_env` says (local, or DOCKER_HOST)."""
+    try:
+        proc = subprocess.run(
+            ["docker", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
+             "--format", "{{.State}}"], capture_output=True, text=True, env=docker_env(node, hostvars), timeout=30,
+            check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{UNKNOWN} ({exc})"
+    # Every container of the project (the engine, and the front door on the head): as good as its worst one.
+    states = proc.stdout.split()
+    worst = next((st for st in states if st != "running"), "running")
+    return worst if proc.returncode == 0 and states else (
+        "missing" if proc.returncode == 0 else f"{UNKNOWN} ({proc.stderr.strip()[:100]})")
+
+
+def get_health(url: str, timeout_s: float) -> tuple[bool, str]:
+    """GET <url>/health: (answered 200, "GET /health -> <status>" or the transport error's name)."""
+    try:
+        r = httpx.get(f"{url}/health", timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return False, f"GET /health: {type(exc).__name__}"
+    return r.status_code == 200, f"GET /health -> {r.status_code}"
+
+
+def run_playbook(playbook: str, inventory: Path, extra: list[str], timeout_s: float, log: Path) -> tuple[bool, float]:
+    """Run ansible/<playbook> on `inventory` with ``-e`` `extra` (``key=value`` each), its output appended to `log`.
+    Returns (exit code 0 within `timeout_s` seconds, seconds taken)."""
+    cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inventory),
+           str(REPO_ROOT / "ansible" / playbook)]
+    for e in extra:
+        cmd += ["-e", e]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible" / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    t0 = time.monotonic()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as fh:
+        try:
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s,
+                                check=False).returncode
+        except subprocess.TimeoutExpired:
+            rc = -1
+    return rc == 0, time.monotonic() - t0
 
 
 @dataclass
@@ -136,32 +185,12 @@ class Target:
         Local nodes (ansible_connection: local) are asked through the local Docker daemon; remote ones through
         ``DOCKER_HOST=ssh://<ansible_host>`` (Docker's own ssh transport; needs the control host's ssh access).
         """
-        out = {}
-        for node in self.nodes:
-            env = docker_env(node.name, self.hosts.get(node.name, {}))
-            project = node_project(self.recipe, node)
-            try:
-                proc = subprocess.run(
-                    ["docker", "ps", "--all", "--filter", f"label=com.docker.compose.project={project}",
-                     "--format", "{{.State}}"], capture_output=True, text=True, env=env, timeout=30, check=False)
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                out[node.name] = f"{UNKNOWN} ({exc})"
-                continue
-            # Every container of the node's project (the engine, and the front door on the head): the node is as
-            # good as its worst one.
-            states = proc.stdout.split()
-            worst = next((st for st in states if st != "running"), "running")
-            out[node.name] = worst if proc.returncode == 0 and states else (
-                "missing" if proc.returncode == 0 else f"{UNKNOWN} ({proc.stderr.strip()[:100]})")
-        return out
+        return {node.name: project_state(node.name, self.hosts.get(node.name, {}), node_project(self.recipe, node))
+                for node in self.nodes}
 
     def health(self, timeout_s: float = 5) -> tuple[bool, str]:
-        """GET /health on the head: (ok, detail)."""
-        try:
-            r = httpx.get(f"{self.url}/health", timeout=timeout_s)
-        except httpx.HTTPError as exc:
-            return False, f"GET /health: {type(exc).__name__}"
-        return r.status_code == 200, f"GET /health -> {r.status_code}"
+        """GET /health on the head: (ok, detail) (`get_health`)."""
+        return get_health(self.url, timeout_s)
 
     def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
         """The engine's progress counters through the head (`ds4deploy.operate.progress`, the recipe's engine
@@ -201,20 +230,8 @@ class Target:
 
         `incident`: the folder already saved for this restart; the playbook then does not collect again.
         """
-        cmd = [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(self.inventory),
-               str(REPO_ROOT / "ansible" / "restart.yml"), "-e", f"recipe={self.recipe.name}"]
-        if incident is not None:
-            cmd += ["-e", f"ds4_incident_dir={incident}"]
-        env = dict(os.environ, ANSIBLE_CONFIG=str(REPO_ROOT / "ansible" / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-        t0 = time.monotonic()
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("a", encoding="utf-8") as fh:
-            try:
-                rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s,
-                                    check=False).returncode
-            except subprocess.TimeoutExpired:
-                rc = -1
-        return rc == 0, time.monotonic() - t0
+        extra = [f"recipe={self.recipe.name}"] + ([f"ds4_incident_dir={incident}"] if incident is not None else [])
+        return run_playbook("restart.yml", self.inventory, extra, timeout_s, log)
 
 
 def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
@@ -256,7 +273,9 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
 
     Args:
         target: what to watch and restart; anything with `Target`'s ``container_states``, ``health``,
-            ``reading``, ``progress``, ``collect`` and ``restart`` methods (tests pass a scripted fake).
+            ``reading``, ``progress``, ``collect`` and ``restart`` methods and its ``recipe.name``, ``url`` and
+            ``nodes`` (each with ``name`` and ``role``) for the journal's start record: a stack's `Target`, a
+            gateway's `ds4deploy.operate.gateway_supervise.GatewayTarget`, or a scripted fake in the tests.
         max_cycles: stop after this many checks (tests); None = forever.
         sleep: waits the given seconds (`time.sleep`; tests pass one that advances their clock).
         clock: monotonic seconds (`time.monotonic`); decides the restart window, probe cadence and stable period.

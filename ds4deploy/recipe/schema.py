@@ -1348,6 +1348,12 @@ class GatewayRecipe(Strict):
     routing: GatewayRouting = Field(default_factory=GatewayRouting, description="how a backend is picked")
     _source: Path | None = PrivateAttr(default=None)
 
+    @property
+    def base_name(self) -> str:
+        """The gateway's name (a gateway has no variants): what its supervisor service is named after, as a stack's
+        is after `Recipe.base_name` (ds4deploy.operate.service)."""
+        return self.name
+
     @field_validator("bind_address")
     @classmethod
     def _ipv4(cls, v: str) -> str:

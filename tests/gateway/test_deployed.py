@@ -5,7 +5,8 @@ door, each with its own key and the gateway's beside it). The committed gateway 
 names them by URL; it is deployed as every recipe is, with `make deploy RECIPE=loopback` on the local inventory
 (Ansible, its preflight, the committed render copied to the gateway host: the SMG router image built from
 images/gateway/ and the stacks' front door image), with the gateway key file and the people key file written where
-the recipe keeps them (mode 0600); `make status` shows it and `make down` removes it at the end, evidence first.
+the recipe keeps them (mode 0600); `make status` shows it and `make down` removes it at the end, evidence first, its
+supervisor stopped before.
 
 Proven here: the deploy placing the committed render byte for byte, `make status` listing every backend ready,
 backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
@@ -14,15 +15,21 @@ as Bearer and as x-api-key, the person's key never reaching a backend, a revoked
 others keep working, one JSON log line per request naming the person (no key, no body), `ds4deploy gateway usage`
 adding up to what the clients were answered, the client conformance matrix through the door judged as on the
 cpu-llamacpp stack (the backends run that recipe's argv), `ds4deploy gateway drain` / `rejoin` with streams in
-flight, a killed backend's sessions moving on, and `make down` saving the logs before it removes the gateway. The
-deploy's refusals are in test_make_deploy.py.
+flight, the supervisor `make deploy` started recreating a gateway whose router froze (its containers still running,
+the door's /health failing) within the bound its Policy gives, evidence first, a killed backend's sessions moving
+on, and `make down` stopping the supervisor and saving the logs before it removes the gateway. The deploy's refusals
+are in test_make_deploy.py.
 """
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import json
+import os
 import secrets
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -33,11 +40,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from ds4deploy.conformance import cases
 from ds4deploy.operate import nginx_reload
-from ds4deploy.operate.gateway_deploy import STACKS_ROOT
+from ds4deploy.operate.gateway_deploy import HEALTH_TIMEOUT_S, STACKS_ROOT
+from ds4deploy.operate.gateway_supervise import GatewayTarget
 from ds4deploy.operate.incidents import INCIDENTS_ROOT
+from ds4deploy.operate.supervisor import Policy
 from ds4deploy.render import gateway
 from tools.gateway_rig import (
     BACKEND_MODEL,
@@ -83,6 +93,7 @@ def office(office_backends):
                "people_file": people_file, "gw_key": gw_key, "own_keys": own_keys,
                "backend_url": {b: f"http://127.0.0.1:{p}" for b, p in BACKEND_PORTS.items()}}
     finally:
+        _cli("supervisor", "stop", NAME)  # `make deploy` started it; a test that failed before `make down` left it
         subprocess.run(["docker", "compose", "-p", f"ds4-gw-{NAME}", "down", "--timeout", "10"], capture_output=True,
                        check=False)
         for f in (key_file, people_file, metrics):
@@ -453,6 +464,64 @@ def test_drain_moves_sessions_and_rejoin_brings_the_backend_back(office) -> None
     assert {r.headers["x-smg-routed-worker-id"] for r in moved} == {b}
 
 
+JOURNAL = Path(f"/var/lib/ds4deploy/supervise/{NAME}.jsonl")  # ds4deploy supervise's default journal
+
+
+def _journal() -> list[dict]:
+    return [json.loads(ln) for ln in JOURNAL.read_text().splitlines() if ln.strip()]
+
+
+def _restart_bound_s() -> float:
+    """Seconds from a frozen router to the gateway healthy again, from the Policy and the render: the first check
+    that misses comes at most one interval plus one /health timeout after the freeze, failures_to_restart misses in
+    all (one more check of slack); the recreation waits out the frozen router's stop_grace_period (SIGTERM is never
+    handled, then SIGKILL) and the door's, then the healthchecks (the deploy's wait, HEALTH_TIMEOUT_S); 60 s for the
+    evidence, `ds4deploy gateway vars` and Ansible's start on the shared 2-core host (a deploy's own play start takes
+    ~15 s there)."""
+    policy = Policy()
+    health_timeout = inspect.signature(GatewayTarget.health).parameters["timeout_s"].default
+    services = yaml.safe_load((REPO / "compose" / "gateways" / NAME / "compose.yaml").read_text())["services"]
+    grace = sum(int(svc["stop_grace_period"].rstrip("s")) for svc in services.values())
+    return ((policy.failures_to_restart + 1) * (policy.interval_s + health_timeout) + grace + HEALTH_TIMEOUT_S + 60)
+
+
+def test_the_supervisor_restarts_a_frozen_router(office) -> None:
+    """`make deploy` started the gateway's supervisor. Every process of the router frozen (SIGSTOP: its container
+    still 'running', so Docker's restart policy never acts, and the door's /health times out): within the bound the
+    Policy gives (`_restart_bound_s`), the journal records the failure ("unhealthy") and the restart, the incident
+    folder holds both containers' logs and states saved before the restart, and the gateway answers again."""
+    p = _cli("supervisor", "status", NAME)
+    assert p.returncode == 0 and f"supervisor of {NAME}: running" in p.stdout, p.stdout + p.stderr
+    seen = len(_journal())
+    router = f"ds4-gw-{NAME}-router"
+    old_id = docker("inspect", "--format", "{{.Id}}", router).stdout.strip()
+    pids = [int(ln.split()[0]) for ln in docker("top", router, "-o", "pid").stdout.splitlines()[1:] if ln.strip()]
+    assert pids
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    t0, bound = time.monotonic(), _restart_bound_s()
+    failure = done = None
+    while time.monotonic() - t0 < bound and done is None:
+        time.sleep(2)
+        new = _journal()[seen:]
+        failure = next((e for e in new if e["event"] == "failure"), None)
+        done = next((e for e in new if e["event"] in ("restarted", "restart-failed", "gave-up")), None)
+    took = time.monotonic() - t0
+    print(f"frozen router: {failure and failure['reason']} then {done and done['event']} {took:.0f} s after the "
+          f"freeze (bound {bound:.0f} s; restart {done and done.get('seconds')} s)")
+    assert failure is not None and done is not None, _journal()[seen:]
+    assert failure["reason"] == "unhealthy" and failure["states"] == {"localhost": "running"}, failure
+    assert done["event"] == "restarted" and done["incident"] == failure["incident"], done
+    folder = Path(failure["incident"])
+    assert folder.parent == INCIDENTS_ROOT / f"gateway-{NAME}", folder
+    for ctr in (router, f"ds4-gw-{NAME}-front-door"):
+        assert (folder / f"localhost.{ctr}.log").is_file() and (folder / f"localhost.{ctr}.state.json").is_file()
+    assert docker("inspect", "--format", "{{.Id}}", router).stdout.strip() != old_id  # recreated, not thawed
+    assert httpx.get(f"{office['url']}/health", timeout=10).status_code == 200
+    assert chat(office, "alice").status_code == 200
+    assert _cli("supervisor", "status", NAME).returncode == 0  # still watching
+
+
 def test_a_dead_backends_sessions_move_on(office) -> None:
     """Runs last (it kills backend a): every session of a dead backend has its next turn answered by the other
     backend serving its model, with no failed request; sessions on the living backend stay where they are."""
@@ -491,3 +560,15 @@ def test_make_down_saves_the_evidence_first(office) -> None:
                for ln in lines), lines[-5:]
     for key in (office["gw_key"], *office["keys"].values()):
         assert key not in text
+    # `make down` stopped the supervisor first: none runs, none is recorded.
+    assert _cli("supervisor", "status", NAME).returncode == 1
+    assert not [pid for pid in os.listdir("/proc") if pid.isdigit() and _supervises(pid)]
+
+
+def _supervises(pid: str) -> bool:
+    """True when process `pid` runs `ds4deploy supervise loopback` (its command line holds the two in a row)."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return False
+    return any(a == "supervise" and b == NAME for a, b in itertools.pairwise(argv))

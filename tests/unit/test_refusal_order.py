@@ -157,9 +157,14 @@ def test_the_gateway_deploy_checks_everything_before_its_first_change():
                 module in RUNS and task.get("changed_when") is False), f"{path.relative_to(REPO)}: {task['name']}"
     (play,) = plays[1:]
     assert play["any_errors_fatal"] is True
-    first, second = (t["ansible.builtin.include_role"] for t in play["tasks"][:2])
+    # Between the checks and the role's changes: the gateway's supervisor paused on the control host (as site.yml
+    # pauses a stack's), so a refused deploy leaves a running gateway supervised.
+    preflight, pause, role = play["tasks"][:3]
+    first, second = preflight["ansible.builtin.include_role"], role["ansible.builtin.include_role"]
     assert (first["name"], first.get("tasks_from"), second["name"], second.get("tasks_from")) == (
         "gateway", "preflight.yml", "gateway", None)
+    assert pause["delegate_to"] == "localhost" and pause["ansible.builtin.command"]["argv"][1:3] == [
+        "supervisor", "stop"] and "ds4_pause_supervisor" in pause["when"]
     checks = list(_tasks(ROLES / "gateway" / "tasks" / "preflight.yml", ROLES / "gateway"))
     for path, task in checks:
         module = _module(task)
