@@ -17,8 +17,8 @@ is never a stack recipe's: `ds4deploy.render.gateway.load_gateway` refuses it, s
 The stack is host-wide, so its supervisor must not depend on the checkout that deployed it: `start` first installs
 what the supervisor runs and reads under ``/opt/ds4deploy/supervisor/<stack>/`` (`install`): a copy of this venv
 (``venv/``; hardlinked where /opt shares the checkout's filesystem, its scripts pointed at the copy's own python),
-the code, recipes, renders and playbooks it reads (``root/``) and the inventory (``inventory.yml``). Deleting or
-moving the checkout afterwards leaves supervision, restarts included, working.
+the code, recipes, renders, playbooks and image build files it reads (``root/``) and the inventory
+(``inventory.yml``). Deleting or moving the checkout afterwards leaves supervision, restarts included, working.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ STACKS_DIR = Path(os.environ.get("DS4_STACKS_DIR", "/opt/ds4deploy/stacks"))
 # Where each stack's supervisor is installed, apart from any checkout (`install`).
 INSTALL_DIR = Path(os.environ.get("DS4_SUPERVISOR_DIR", "/opt/ds4deploy/supervisor"))
 # What the supervisor reads from the repository: its code, the recipes, their committed renders (restart.yml starts
-# compose/<recipe>/ as rendered) and the playbooks it runs.
-INSTALLED_TREES = ("ds4deploy", "recipes", "compose", "ansible")
+# compose/<recipe>/ as rendered), the playbooks it runs, and the image build files (a gateway's play variables name
+# the router image by the hash of images/gateway/: ds4deploy.build.gateway_image.image_ref; 128 KB in all).
+INSTALLED_TREES = ("ds4deploy", "recipes", "compose", "ansible", "images")
 SYSTEMD_RUNTIME = Path("/run/systemd/system")
 UNIT_DIR = Path("/etc/systemd/system")
 # Seconds a stopped supervisor may take to exit after SIGTERM before it gets SIGKILL: it sleeps between checks and

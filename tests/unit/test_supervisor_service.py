@@ -106,8 +106,8 @@ def test_the_systemd_unit_runs_the_supervisor_and_stops_after_giving_up(tmp_path
 def test_the_installed_supervisor_works_after_the_checkout_is_deleted(tmp_path, monkeypatch):
     """`supervisor start` installs the supervisor apart from the checkout (/opt/ds4deploy/supervisor/<stack>/). Here
     a first install stands in for a deploying clone: a second install made from it, the clone deleted, still loads
-    its code, recipe, renders and playbooks from its own copy and plans the restart's variables, with no path into
-    the deleted tree left in its scripts or import paths."""
+    its code, recipe, renders and playbooks from its own copy and plans the restart's variables (a stack's and a
+    gateway's), with no path into the deleted tree left in its scripts or import paths."""
     inv = REPO / "ansible" / "inventories" / "local.yml"
     monkeypatch.setattr(supervisor_service, "INSTALL_DIR", tmp_path / "clone")
     (clone_argv, clone_root) = supervisor_service.install(load_recipe("cpu"), inv)
@@ -137,5 +137,16 @@ def test_the_installed_supervisor_works_after_the_checkout_is_deleted(tmp_path, 
     syntax = subprocess.run([str(dest / "venv" / "bin" / "ansible-playbook"), "--syntax-check", "-i",
                              str(dest / "inventory.yml"), str(dest / "root" / "ansible" / "restart.yml")],
                             capture_output=True, text=True, check=False, cwd=tmp_path,
+                            env={**env, "ANSIBLE_CONFIG": str(dest / "root" / "ansible" / "ansible.cfg")})
+    assert syntax.returncode == 0, syntax.stdout[-2000:] + syntax.stderr[-2000:]
+    # A gateway's supervisor is installed the same way: what gateway-restart.yml's first play runs (the gateway's
+    # variables, which name the router image by the hash of images/gateway/), and the playbook itself.
+    gw_vars = subprocess.run([str(dest / "venv" / "bin" / "ds4deploy"), "gateway", "vars", "loopback", "--inventory",
+                              str(dest / "inventory.yml"), "--scope", "operate"], capture_output=True, text=True,
+                             check=False, cwd=tmp_path, env=env)
+    assert gw_vars.returncode == 0, gw_vars.stderr[-2000:]
+    syntax = subprocess.run([str(dest / "venv" / "bin" / "ansible-playbook"), "--syntax-check", "-i",
+                             str(dest / "inventory.yml"), str(dest / "root" / "ansible" / "gateway-restart.yml"),
+                             "-e", "gateway=loopback"], capture_output=True, text=True, check=False, cwd=tmp_path,
                             env={**env, "ANSIBLE_CONFIG": str(dest / "root" / "ansible" / "ansible.cfg")})
     assert syntax.returncode == 0, syntax.stdout[-2000:] + syntax.stderr[-2000:]
