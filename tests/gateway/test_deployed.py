@@ -518,7 +518,11 @@ def test_the_supervisor_restarts_a_frozen_router(office) -> None:
         assert (folder / f"localhost.{ctr}.log").is_file() and (folder / f"localhost.{ctr}.state.json").is_file()
     assert docker("inspect", "--format", "{{.Id}}", router).stdout.strip() != old_id  # recreated, not thawed
     assert httpx.get(f"{office['url']}/health", timeout=10).status_code == 200
-    assert chat(office, "alice").status_code == 200
+    # The new router registers its workers after it answers /liveness ("within seconds": docs/gateway.md).
+    deadline = time.monotonic() + 30
+    while (code := chat(office, "alice").status_code) != 200 and time.monotonic() < deadline:
+        time.sleep(1)
+    assert code == 200
     assert _cli("supervisor", "status", NAME).returncode == 0  # still watching
 
 
