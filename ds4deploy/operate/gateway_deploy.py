@@ -28,6 +28,7 @@ import httpx
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.keys import KEY_RULE
+from ds4deploy.core.net import base_url
 from ds4deploy.operate.incidents import docker_env
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.plan.inventory import Inventory
@@ -129,6 +130,28 @@ def deployment_problems(gw: GatewayRecipe, inv: Inventory) -> list[str]:
     return problems
 
 
+def control_url(gw: GatewayRecipe, inv: Inventory) -> str:
+    """Where the control host reaches the gateway's front door (its supervisor's health checks): the bound address,
+    or the gateway host's address (127.0.0.1 for a local one) when bound to 0.0.0.0.
+
+    Raises:
+        UserError: no single gateway host in the inventory (`gateway_host`); the door listens on loopback of a host
+            that is not this control host (the supervisor could never reach it, and would restart a healthy gateway).
+    """
+    host = gateway_host(gw, inv)
+    hv = inv.hosts.get(host, {})
+    local = hv.get("ansible_connection") == "local" or host in ("localhost", "127.0.0.1")
+    addr = gw.bind_address
+    if addr == "0.0.0.0":  # noqa: S104 (an address we read, not one we bind)
+        addr = "127.0.0.1" if local else hv.get("ansible_host", host)
+    elif addr.startswith("127.") and not local:
+        raise UserError(f"gateway '{gw.name}' listens on {addr} of {host}, which its supervisor on this control host "
+                        "cannot reach", "run `make deploy` on the gateway host itself (an inventory with "
+                        "ansible_connection: local), or bind the gateway to an address this host reaches "
+                        f"(bind_address in recipes/gateways/{gw.name}.yaml)")
+    return base_url(addr, gw.port)
+
+
 def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "deploy") -> dict:
     """Check a gateway recipe against its committed render and the inventory; the variables of its plays.
 
@@ -143,7 +166,8 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
 
     Raises:
         UserError: one message with every problem: the recipe (`load_gateway`), a stale or missing render, no
-            gateway host in the inventory, a recipe backend not deployed on its host.
+            gateway host in the inventory, a recipe backend not deployed on its host, a door its supervisor on the
+            control host cannot reach (`control_url`).
     """
     gw = gateway.load_gateway(name)
     host = gateway_host(gw, inv)
@@ -154,6 +178,10 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
             problems.append("its committed render differs from the recipe (" + "; ".join(stale) + "): run "
                             f"`ds4deploy gateway render {gw.name}` and commit compose/gateways/{gw.name}/")
         problems += deployment_problems(gw, inv)
+        try:
+            control_url(gw, inv)
+        except UserError as exc:
+            problems.append(f"{exc.cause} ({exc.fix})")
     if problems:
         raise UserError(f"gateway '{gw.name}' cannot be deployed: " + "; ".join(problems),
                         "fix each problem above, then deploy again; nothing was changed on any host")

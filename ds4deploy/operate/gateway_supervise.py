@@ -36,8 +36,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ds4deploy.core.errors import UserError
-from ds4deploy.core.net import base_url
 from ds4deploy.operate import gateway_deploy
 from ds4deploy.operate.incidents import Incident, collect_projects
 from ds4deploy.operate.progress import Reading
@@ -106,7 +104,7 @@ class GatewayTarget:
 
 def make_gateway_target(gw: GatewayRecipe, inventory: Path, url: str | None = None) -> GatewayTarget:
     """Find the gateway host in the inventory (`ds4deploy.operate.gateway_deploy.gateway_host`) and the URL the
-    control host reaches the front door at: the bound address, or the gateway host's address when bound to 0.0.0.0.
+    control host reaches the front door at (`ds4deploy.operate.gateway_deploy.control_url`), unless `url` is given.
 
     Raises:
         UserError: no single gateway host in the inventory; the door listens on loopback of a host that is not this
@@ -116,14 +114,4 @@ def make_gateway_target(gw: GatewayRecipe, inventory: Path, url: str | None = No
 
     inv = read_inventory(inventory)
     host = gateway_deploy.gateway_host(gw, inv)
-    hv = inv.hosts.get(host, {})
-    local = hv.get("ansible_connection") == "local" or host in ("localhost", "127.0.0.1")
-    addr = gw.bind_address
-    if addr == "0.0.0.0":  # noqa: S104 (an address we read, not one we bind)
-        addr = "127.0.0.1" if local else hv.get("ansible_host", host)
-    elif addr.startswith("127.") and not local and url is None:
-        raise UserError(f"gateway '{gw.name}' listens on {addr} of {host}, which the supervisor on this control host "
-                        "cannot reach", "run `make deploy` on the gateway host itself (an inventory with "
-                        "ansible_connection: local), or bind the gateway to an address this host reaches "
-                        f"(bind_address in recipes/gateways/{gw.name}.yaml)")
-    return GatewayTarget(gw, inventory, host, url or base_url(addr, gw.port), inv.hosts)
+    return GatewayTarget(gw, inventory, host, url or gateway_deploy.control_url(gw, inv), inv.hosts)

@@ -131,6 +131,20 @@ def test_a_loopback_door_on_another_host_is_refused(tmp_path):
     assert "listens on 127.0.0.1 of gw1" in e.value.cause and "bind_address" in e.value.fix
 
 
+def test_the_deploy_refuses_that_door_before_any_change(tmp_path):
+    """The same refusal comes from `ds4deploy gateway vars --scope deploy`, the deploy's first command, so a deploy
+    never ends with the gateway up and unsupervised; status and down (scope operate) still plan."""
+    from ds4deploy.operate import gateway_deploy
+    from ds4deploy.plan.inventory import read_inventory
+
+    inv = tmp_path / "inv.yml"
+    inv.write_text("all:\n  hosts:\n    gw1:\n      ansible_host: 10.0.0.9\n")
+    with pytest.raises(UserError) as e:
+        gateway_deploy.plan_vars("loopback", inv, read_inventory(inv), scope="deploy")
+    assert "listens on 127.0.0.1 of gw1, which its supervisor on this control host cannot reach" in e.value.cause
+    assert gateway_deploy.plan_vars("loopback", inv, read_inventory(inv), scope="operate")["ds4_gw_name"] == "loopback"
+
+
 def test_gateway_names_parse_and_the_service_is_named_after_the_gateway(tmp_path, monkeypatch):
     """`supervise` / `supervisor` take a gateway's name: the gateway recipe is loaded (not a stack recipe), its
     service, record, journal and install are named after it; an unknown name is one message, no traceback."""
