@@ -169,11 +169,13 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 # restart in CI) and starts a head alone (tests/multinode).
 # Each tier prints its wall time ("tier <name>: N s") and pytest its ten slowest tests.
 TIER = tools/tier "$(1)"
+# The conformance matrix tests/infra runs on the deployed stack, judged again by the unit tier's engine tests.
+CONFORMANCE_SHARED := $(abspath .cache/conformance-deployed)
 e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests/offline and tests/multinode
 	$(call TIER,deploy) $(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
-	status=0; \
-	$(call TIER,tests/infra) DS4_RECIPE=$(RECIPE) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q --durations=10 tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
-	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(ENGINE_TESTS)" != deployed ] || { $(call TIER,unit engine) DS4_CONFORMANCE_DEPLOYED=1 $(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit; } || status=$$?; \
+	status=0; rm -rf $(CONFORMANCE_SHARED) && mkdir -p $(CONFORMANCE_SHARED); \
+	$(call TIER,tests/infra) DS4_RECIPE=$(RECIPE) DS4_CONFORMANCE_SHARED=$(CONFORMANCE_SHARED) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q --durations=10 tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(ENGINE_TESTS)" != deployed ] || { $(call TIER,unit engine) DS4_CONFORMANCE_DEPLOYED=1 DS4_CONFORMANCE_SHARED=$(CONFORMANCE_SHARED) $(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit; } || status=$$?; \
 	[ $$status -ne 0 ] || { $(call TIER,tests/e2e) $(BIN)/pytest -q --durations=10 tests/e2e; } || status=$$?; \
 	$(call TIER,down) $(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline; } || status=$$?; \

@@ -6,14 +6,17 @@ from the recipe's render."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 import pytest
 
 from ds4deploy.conformance import cases
-from tests.support.real_clients import run_claude, run_llm
+from ds4deploy.conformance.record import Recorder
+from tests.support.real_clients import CLAUDE_RUN, recording, run_claude, run_llm
 
 # Cases whose output a grammar forces: they pass on every model.
 FORCED = ("tools.required_one", "tools.required_several", "tools.named", "chat.guided_json", "messages.tool_named",
@@ -29,10 +32,14 @@ def matrix(base_url, api_key, dv, tmp_path_factory) -> tuple[int, dict, str]:
         key_file = d / "key.env"
         key_file.touch(mode=0o600)
         key_file.write_text(f"VLLM_API_KEY={api_key}\n" if api_key else "")
-        args = ["--url", base_url, "--out", str(d / "report")] + (["--key-file", str(key_file)] if api_key else [])
+        # `make test` hands this one run to the unit tier's engine tests (tests/unit/test_conformance.py `matrix`),
+        # which judge the same report instead of running the matrix on the same engine again.
+        out = Path(os.environ.get("DS4_CONFORMANCE_SHARED") or d / "report")
+        args = ["--url", base_url, "--out", str(out)] + (["--key-file", str(key_file)] if api_key else [])
         p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "conformance", dv["ds4_recipe"], *args],
                            capture_output=True, text=True, timeout=900, check=False)
-        report = d / "report" / "conformance.json"
+        (out / "exit-code").write_text(f"{p.returncode}\n")
+        report = out / "conformance.json"
         _RUNS[base_url] = (p.returncode, json.loads(report.read_text()) if report.is_file() else {}, p.stderr)
     return _RUNS[base_url]
 
@@ -78,13 +85,23 @@ AGENT_TURN_TOKENS = 65536
 
 
 def test_claude_code_one_turn(base_url, api_key, dv, tmp_path):
-    """Claude Code 2.1.332 in print mode, one turn, with the README's variables. On a recipe whose context holds the
-    agent's turn (the cpu recipe) it must answer; on a smaller one the server may refuse with a 4xx that Claude Code
-    prints ("API Error: 400 max_completion_tokens=32000 cannot be greater than max_model_len=2048" on a 2,048-token
-    context), never a 5xx or a dropped connection."""
+    """Claude Code 2.1.332 in print mode, one turn, with the README's variables (through the recording proxy). On a
+    recipe whose context holds the agent's turn (the cpu recipe) it must answer; on a smaller one the server may
+    refuse with a 4xx that Claude Code prints ("API Error: 400 max_completion_tokens=32000 cannot be greater than
+    max_model_len=2048" on a 2,048-token context), never a 5xx or a dropped connection."""
     import re
 
-    p = run_claude(base_url, api_key or "none", dv["ds4_served_name"], tmp_path / "home")
+    # Through the recording proxy (it passes every request and answer on unchanged): `make test` hands the recording
+    # and the result to the unit tier's recorder test (tests/unit/test_conformance.py), which judges Claude Code's
+    # request shapes from it instead of a second turn on the same engine.
+    shared = os.environ.get("DS4_CONFORMANCE_SHARED")
+    rec_dir = Path(shared) / "claude-code" if shared else tmp_path / "rec"
+    rec_dir.mkdir(parents=True, exist_ok=True)
+    with recording(Recorder(base_url, rec_dir)) as proxy:
+        p = run_claude(proxy, api_key or "none", dv["ds4_served_name"], tmp_path / "home")
+    if shared:
+        (Path(shared) / CLAUDE_RUN).write_text(json.dumps({"returncode": p.returncode, "stdout": p.stdout,
+                                                           "stderr": p.stderr}))
     out = p.stdout + p.stderr
     if dv["ds4_max_model_len"] >= AGENT_TURN_TOKENS:
         assert p.returncode == 0 and p.stdout.strip(), out

@@ -3,17 +3,26 @@ and the Claude Code CLI (npm, pinned here, installed into .cache/claude-code on 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import subprocess
+import threading
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from ds4deploy.conformance.record import Recorder, serve
 
 REPO = Path(__file__).resolve().parents[2]
 # The Claude Code release these tests run (npm view @anthropic-ai/claude-code version, 2026-11-30).
 CLAUDE_CODE_VERSION = "2.1.332"
 CLAUDE_DIR = REPO / ".cache" / "claude-code"
+# In `make test`, tests/infra records Claude Code's turn on the deployed stack into DS4_CONFORMANCE_SHARED/claude-code/
+# and leaves the CLI's result here ({"returncode", "stdout", "stderr"}) for the unit tier's recorder test.
+CLAUDE_RUN = "claude-code-run.json"
 
 
 def claude_binary() -> Path:
@@ -63,3 +72,23 @@ def run_llm(url: str, key: str, model: str, home: Path, prompt: str = "Say hello
     env = dict(os.environ, LLM_USER_PATH=str(home))
     return subprocess.run([str(llm), "-m", model, "--no-log", "-o", "max_tokens", "16", prompt], env=env,
                           capture_output=True, text=True, timeout=120, check=False)
+
+
+@contextmanager
+def recording(rec: Recorder):
+    """The recording proxy on a free loopback port in a thread of its own, while the block runs; yields its URL."""
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+    port: list[int] = []
+    t = threading.Thread(target=lambda: loop.run_until_complete(serve(rec, "127.0.0.1", 0, port.append, stop)),
+                         daemon=True)
+    t.start()
+    for _ in range(200):
+        if port:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port[0]}"
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        t.join(timeout=30)
