@@ -182,23 +182,32 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
 	exit $$status
 
-# The rehearsal last: its nodes load the front door image that e2e's deploy builds. The engine venv and the GX10 pin's
-# parser code (the unit tier's set-up: pip and a download, about 150 s on a fresh clone) are made in the background
-# while lint runs; lint reads neither.
-test: venv ## lint, unit, e2e (offline, multinode), llamacpp, e2e-llamacpp, test-hosts, rehearse: what CI runs; each tier's wall time at the end
+# The rehearsal after e2e (its nodes load the front door image that e2e's deploy builds), beside the llama.cpp tiers
+# (llamacpp-beside-rehearse). The engine venv and the GX10 pin's parser code (the unit tier's set-up: pip and a
+# download, about 150 s on a fresh clone) are made in the background while lint runs; lint reads neither. The tiers
+# that take fingerprints of the host (tests/e2e's and tests/hosts' refusals) run while nothing else does.
+test: venv ## lint, unit, e2e (offline, multinode), test-hosts, then llamacpp + e2e-llamacpp beside rehearse: what CI runs
 	@mkdir -p .cache && : > .cache/tier-times
-	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; \
+	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; start=$$(date +%s); \
 	$(MAKE) --no-print-directory $(ENGINE_VENV)/.pins $(PARSER_PINS) > .cache/engine-venv.log 2>&1 & deps=$$!; \
 	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && \
 	  { wait $$deps || { cat .cache/engine-venv.log; false; }; } && \
 	  $(call TIER,unit) $(MAKE) --no-print-directory unit ENGINE_TESTS=deployed && \
 	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed && \
-	  $(MAKE) --no-print-directory llamacpp && \
-	  $(MAKE) --no-print-directory e2e-llamacpp-steps && \
 	  $(MAKE) --no-print-directory test-hosts && \
-	  $(MAKE) --no-print-directory rehearse RECIPE=cpu; } || rc=$$?; \
-	echo "== make test: wall time per tier =="; cat .cache/tier-times; \
-	awk -F': ' '{split($$2, n, " "); s += n[1]} END {print "total: " s " s"}' .cache/tier-times; exit $$rc
+	  $(MAKE) --no-print-directory llamacpp-beside-rehearse; } || rc=$$?; \
+	echo "== make test: wall time per tier (the llama.cpp tiers and the rehearsal run side by side) =="; \
+	cat .cache/tier-times; echo "wall: $$(($$(date +%s) - start)) s"; exit $$rc
+
+# `make test`'s last phase: the llama.cpp tiers (`make llamacpp`, then `make e2e-llamacpp`'s steps) and the rehearsal
+# of every reference recipe side by side. Neither takes a fingerprint of the host (tests/e2e and tests/hosts do, so
+# those run alone before), they share no port, stack, supervisor or incident folder (the rehearsal's nodes are
+# namespaces with Docker daemons of their own; its recipes are the reference ones), and neither installs packages
+# while the other runs (rehearse-deps first). The rehearsal's output goes to .cache/rehearse.log, printed after both.
+llamacpp-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## make llamacpp + e2e-llamacpp-steps beside make rehearse
+	@$(MAKE) --no-print-directory rehearse RECIPE=cpu > .cache/rehearse.log 2>&1 & reh=$$!; rc=0; \
+	{ $(MAKE) --no-print-directory llamacpp && $(MAKE) --no-print-directory e2e-llamacpp-steps; } || rc=$$?; \
+	wait $$reh || rc=$$?; echo "== make rehearse (beside the llama.cpp tiers) =="; cat .cache/rehearse.log; exit $$rc
 
 # Lint and the unit tests that run in-process: no engine (marker `engine`), no real tool in a subprocess and no real
 # stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's parser, the hub server); `make unit` runs
@@ -336,14 +345,16 @@ test-hosts: venv ## two netns test hosts (GX10 rails): provisioning, rail checks
 # RECIPE=cpu` builds it). DS4_REHEARSE_KEEP_IMAGES=1 keeps the nodes' Docker data (/var/lib/ds4-rehearse) for the
 # next run.
 # Without RECIPE: every recipe of ds4deploy.render.index.REHEARSED (its index row says "rehearsed here").
-rehearse: venv $(ENGINE_VENV)/.pins ## [RECIPE=<reference recipe>] its real `make deploy` on stand-in nodes (root;
+rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## [RECIPE=<reference recipe>] its real `make deploy` on stand-in nodes (root;
 ## the front door image), supervisor restart, `make down`; without RECIPE every rehearsed reference recipe
-	@command -v netplan >/dev/null && command -v ping >/dev/null && command -v numactl >/dev/null || { \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-	  netplan.io iputils-ping numactl; }
 	@$(call TIER,rehearse $(if $(filter cpu,$(RECIPE)),all,$(RECIPE))) \
 	  $(if $(filter cpu,$(RECIPE)),,DS4_REHEARSE_RECIPE=$(RECIPE)) $(BIN)/pytest -q -s -p no:cacheprovider \
 	  --durations=10 tests/rehearse
+
+rehearse-deps: ## the Debian tools the rehearsal runs: netplan, ping, numactl
+	@command -v netplan >/dev/null && command -v ping >/dev/null && command -v numactl >/dev/null || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  netplan.io iputils-ping numactl; }
 
 clean: ## remove .cache, build output and egg-info
 	rm -rf .cache build *.egg-info

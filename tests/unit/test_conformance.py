@@ -103,14 +103,22 @@ def server(tmp_path_factory):
         os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _shared_run() -> Path | None:
+    """The folder where `make test`'s tests/infra left its matrix run and Claude Code's turn on the deployed cpu stack
+    (DS4_CONFORMANCE_SHARED, with DS4_CONFORMANCE_DEPLOYED), or None when there is none to judge."""
+    shared = Path(os.environ.get("DS4_CONFORMANCE_SHARED") or "/nonexistent")
+    ok = os.environ.get("DS4_CONFORMANCE_DEPLOYED") and (shared / "exit-code").is_file()
+    return shared if ok else None
+
+
 @pytest.fixture(scope="session")
 def matrix(server, tmp_path_factory):
     """One run of the whole matrix through the CLI: (process, the JSON report, the Markdown page). In `make test`
     (DS4_CONFORMANCE_DEPLOYED) the e2e tier's tests/infra ran it on the same deployed cpu stack through its front
     door and left it in DS4_CONFORMANCE_SHARED (report, page and the CLI's exit code): that run is judged here too,
     instead of a second one on the same engine (115-180 s on the 2-core host)."""
-    shared = Path(os.environ.get("DS4_CONFORMANCE_SHARED") or "/nonexistent")
-    if os.environ.get("DS4_CONFORMANCE_DEPLOYED") and (shared / "exit-code").is_file():
+    shared = _shared_run()
+    if shared is not None:
         p = subprocess.CompletedProcess(["ds4deploy", "conformance", "cpu"], int((shared / "exit-code").read_text()),
                                         "", f"(the run of tests/infra/test_serving.py, {shared})")
         return p, json.loads((shared / "conformance.json").read_text()), (shared / "conformance.md").read_text()
@@ -147,12 +155,21 @@ def test_forced_modes_pass_and_model_choices_are_model_dependent(matrix):
     assert by[("reasoning.field", "stream+think")]["verdict"] == "model-dependent"
 
 
-def test_known_server_facts_are_reported(matrix):
+def test_known_server_facts_are_reported(matrix, server, tmp_path):
     """What vLLM 0.32 does on this recipe, as findings: /invocations answers without a key (loopback bind here),
     the cpu recipe refuses Anthropic thinking without a reasoning parser; the generated model's template renders a
     system entry inside messages, and Claude Code's recorded request is replayed."""
     _p, rep, _md = matrix
     by = {r["case"]: r for r in rep["results"] if r["mode"] == "-"}
+    if _shared_run() is not None:
+        # The shared run went through the deployed stack's front door, which holds /invocations behind the key: the
+        # engine's own answers to the route cases come from the engine's port (a few requests, no generation).
+        url, _key, key_file = server
+        p = run_cli("conformance", "cpu", "--url", url, "--key-file", str(key_file), "--out", str(tmp_path), "--only",
+                    "auth.,exposure.")
+        assert p.returncode == 0, p.stderr
+        by.update({r["case"]: r for r in json.loads((tmp_path / "conformance.json").read_text())["results"]
+                   if r["mode"] == "-"})
     assert by["auth.generation_routes"]["verdict"] == "finding"
     assert "/invocations answered 200 without a key" in by["auth.generation_routes"]["evidence"]
     assert by["auth.anthropic_header"]["verdict"] == "pass"
@@ -284,8 +301,8 @@ def test_claude_code_one_turn_through_the_recorder(server, tmp_path):
     """Claude Code (pinned) in print mode through the recording proxy: what it sends is the bundled shape's
     structure (the fixture is current), and on the cpu recipe's context (sized for it: 65,536 tokens) its first
     turn gets an answer."""
-    shared = Path(os.environ.get("DS4_CONFORMANCE_SHARED") or "/nonexistent")
-    if os.environ.get("DS4_CONFORMANCE_DEPLOYED") and (shared / CLAUDE_RUN).is_file():
+    shared = _shared_run()
+    if shared is not None and (shared / CLAUDE_RUN).is_file():
         # `make test`: tests/infra ran this turn through the recorder on the same deployed stack (its front door):
         # judge that recording instead of a second 20,000-token prefill (60-80 s on the 2-core host).
         key, rec_dir = server[1], shared / "claude-code"
