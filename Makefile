@@ -20,7 +20,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-gateway bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-gateway bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway multinode-beside-rehearse llamacpp-beside-gateway
 
 help: ## this list (each target's own `##` comment)
 	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
@@ -172,6 +172,7 @@ TIER = tools/tier "$(1)"
 # The conformance matrix tests/infra runs on the deployed stack, judged again by the unit tier's engine tests.
 CONFORMANCE_SHARED := $(abspath .cache/conformance-deployed)
 e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests/offline and tests/multinode
+## MULTINODE=apart: without tests/multinode (make test runs it beside the rehearsal)
 	$(call TIER,deploy) $(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; rm -rf $(CONFORMANCE_SHARED) && mkdir -p $(CONFORMANCE_SHARED); \
 	$(call TIER,tests/infra) DS4_RECIPE=$(RECIPE) DS4_CONFORMANCE_SHARED=$(CONFORMANCE_SHARED) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q --durations=10 tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
@@ -179,35 +180,49 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 	[ $$status -ne 0 ] || { $(call TIER,tests/e2e) $(BIN)/pytest -q --durations=10 tests/e2e; } || status=$$?; \
 	$(call TIER,down) $(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline; } || status=$$?; \
-	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(MULTINODE)" = apart ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
 	exit $$status
 
-# The rehearsal after e2e (its nodes load the front door image that e2e's deploy builds), beside the llama.cpp tiers
-# (llamacpp-beside-rehearse). The engine venv and the GX10 pin's parser code (the unit tier's set-up: pip and a
-# download, about 150 s on a fresh clone) are made in the background while lint runs; lint reads neither. The tiers
-# that take fingerprints of the host (tests/e2e's and tests/hosts' refusals) run while nothing else does.
-test: venv ## lint, unit, e2e (offline, multinode), test-hosts, then llamacpp + e2e-llamacpp beside rehearse: what CI runs
+# The engine venv and the GX10 pin's parser code (the unit tier's set-up: pip and a download, about 150 s on a fresh
+# clone) are made in the background while lint runs; lint reads neither. The tiers that take fingerprints of the
+# host (tests/e2e's and tests/hosts' refusals) run while nothing else does. Then two phases of two lanes each, paired
+# so that neither lane can disturb the other (below): tests/multinode beside the rehearsal, and, after `make
+# llamacpp`, cpu-llamacpp end to end beside the gateway tier.
+test: venv ## lint, unit, e2e (offline), test-hosts, multinode beside rehearse, llama.cpp beside the gateway: what CI runs
 	@mkdir -p .cache && : > .cache/tier-times
 	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; start=$$(date +%s); \
 	$(MAKE) --no-print-directory $(ENGINE_VENV)/.pins $(PARSER_PINS) > .cache/engine-venv.log 2>&1 & deps=$$!; \
 	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && \
 	  { wait $$deps || { cat .cache/engine-venv.log; false; }; } && \
 	  $(call TIER,unit) $(MAKE) --no-print-directory unit ENGINE_TESTS=deployed && \
-	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed && \
+	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed MULTINODE=apart && \
 	  $(MAKE) --no-print-directory test-hosts && \
-	  $(MAKE) --no-print-directory llamacpp-beside-rehearse; } || rc=$$?; \
-	echo "== make test: wall time per tier (the llama.cpp tiers and the rehearsal run side by side) =="; \
+	  $(MAKE) --no-print-directory multinode-beside-rehearse && \
+	  $(MAKE) --no-print-directory llamacpp-beside-gateway; } || rc=$$?; \
+	echo "== make test: wall time per tier (tiers of one phase run side by side) =="; \
 	cat .cache/tier-times; echo "wall: $$(($$(date +%s) - start)) s"; exit $$rc
 
-# `make test`'s last phase: the llama.cpp tiers (`make llamacpp`, then `make e2e-llamacpp`'s steps) and the rehearsal
-# of every reference recipe side by side. Neither takes a fingerprint of the host (tests/e2e and tests/hosts do, so
-# those run alone before), they share no port, stack, supervisor or incident folder (the rehearsal's nodes are
-# namespaces with Docker daemons of their own; its recipes are the reference ones), and neither installs packages
-# while the other runs (rehearse-deps first). The rehearsal's output goes to .cache/rehearse.log, printed after both.
-llamacpp-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## make llamacpp + e2e-llamacpp-steps beside make rehearse
+# tests/multinode (the two-node cpu stack, host network ports 8010 and its own Docker network) beside the rehearsal
+# of every reference recipe (stand-in nodes: namespaces with Docker daemons of their own). Neither takes a
+# fingerprint of the host; they share no port, stack, supervisor or incident folder, and neither installs packages
+# while the other runs (rehearse-deps first). The one thing they share is this machine's Docker daemon, which
+# tests/multinode restarts once (in CI) while the rehearsal builds and streams images from it per recipe: both take
+# turns for those steps (tests/support/host_docker.py). The rehearsal's output goes to .cache/rehearse.log.
+multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/multinode beside make rehearse
 	@$(MAKE) --no-print-directory rehearse RECIPE=cpu > .cache/rehearse.log 2>&1 & reh=$$!; rc=0; \
-	{ $(MAKE) --no-print-directory llamacpp && $(MAKE) --no-print-directory e2e-llamacpp-steps; } || rc=$$?; \
-	wait $$reh || rc=$$?; echo "== make rehearse (beside the llama.cpp tiers) =="; cat .cache/rehearse.log; exit $$rc
+	$(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode || rc=$$?; \
+	wait $$reh || rc=$$?; echo "== make rehearse (beside tests/multinode) =="; cat .cache/rehearse.log; exit $$rc
+
+# `make test`'s last phase: `make llamacpp` (the llamacpp-cpu image both lanes serve with, built once), then
+# `make e2e-llamacpp`'s steps (cpu-llamacpp: ports 8020/8021) beside `make e2e-gateway` (its backends on 18121-18123,
+# the gateway on 18140-18142). Neither takes a fingerprint of the host, restarts the Docker daemon or blocks the
+# network; their stacks, key files, supervisors and incident folders are their own. The gateway tier's output goes
+# to .cache/gateway.log, printed after both.
+llamacpp-beside-gateway: venv ## make llamacpp, then e2e-llamacpp-steps beside make e2e-gateway
+	@$(MAKE) --no-print-directory llamacpp || exit $$?; \
+	$(MAKE) --no-print-directory e2e-gateway > .cache/gateway.log 2>&1 & gw=$$!; rc=0; \
+	$(MAKE) --no-print-directory e2e-llamacpp-steps || rc=$$?; \
+	wait $$gw || rc=$$?; echo "== make e2e-gateway (beside e2e-llamacpp) =="; cat .cache/gateway.log; exit $$rc
 
 # Lint and the unit tests that run in-process: no engine (marker `engine`), no real tool in a subprocess and no real
 # stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's parser, the hub server); `make unit` runs
@@ -257,11 +272,12 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 # (SMG router image from images/gateway/, the stacks' front door) in front of three real llama-server backends (the
 # cpu-llamacpp image and tiny GGUF), then status, routing, sticky sessions, people's keys, revocation, usage,
 # drain/rejoin, the conformance matrix through the gateway, `make down` (evidence first) and the deploy's refusals
-# (tests/gateway). Not part of `make test`. Needs the llamacpp-cpu image (`make llamacpp`); builds the gateway image
+# (tests/gateway). `make test` runs it beside e2e-llamacpp (llamacpp-beside-gateway). Needs the llamacpp-cpu image
+# (`make llamacpp`); builds the gateway image
 # on first use (pip downloads its pinned wheels). On the 2-core machine 337 s, 47 tests, with a cpu deploy running
 # beside it (2026-12-02, main after the review's mends); 171-288 s, 45 tests, in the helper's runs; its conformance
 # matrix alone varies 37-76 s between runs (docs/gateway.md).
-e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends (not in make test)
+e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
 
 # The gateway's added TTFT and its memory: one real backend and two gateways over it (SMG, nginx router), started as

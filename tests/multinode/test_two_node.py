@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from ds4deploy.operate.key_file import parse_env_file
+from tests.support import host_docker
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = REPO / ".venv" / "bin"
@@ -261,20 +262,21 @@ def test_docker_daemon_restart_leaves_the_order_to_the_supervisor(supervisor, tm
     proc = start_supervisor(journal, "--max-restarts", "1")
     try:
         t0 = time.time()
-        if Path("/run/systemd/system").is_dir():
-            assert run(["systemctl", "restart", "docker"], timeout=300).returncode == 0
-        else:
-            # No systemd: dockerd runs as the docker role started it (ansible/roles/docker, nohup dockerd).
-            pid = int(Path("/var/run/docker.pid").read_text())
-            os.kill(pid, signal.SIGTERM)
+        with host_docker.turn():  # the rehearsal beside (make test) uses this daemon while it sets up its nodes
+            if Path("/run/systemd/system").is_dir():
+                assert run(["systemctl", "restart", "docker"], timeout=300).returncode == 0
+            else:
+                # No systemd: dockerd runs as the docker role started it (ansible/roles/docker, nohup dockerd).
+                pid = int(Path("/var/run/docker.pid").read_text())
+                os.kill(pid, signal.SIGTERM)
+                deadline = time.monotonic() + 120
+                while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+                    time.sleep(1)
+                time.sleep(6)  # the supervisor (2 s interval) sees the daemon gone
+                subprocess.Popen("nohup dockerd >> /var/log/ds4deploy-dockerd.log 2>&1 &", shell=True)  # noqa: S602
             deadline = time.monotonic() + 120
-            while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            while run(["docker", "info"]).returncode != 0 and time.monotonic() < deadline:
                 time.sleep(1)
-            time.sleep(6)  # the supervisor (2 s interval) sees the daemon gone
-            subprocess.Popen("nohup dockerd >> /var/log/ds4deploy-dockerd.log 2>&1 &", shell=True)  # noqa: S602
-        deadline = time.monotonic() + 120
-        while run(["docker", "info"]).returncode != 0 and time.monotonic() < deadline:
-            time.sleep(1)
         assert set(containers().values()) <= {"exited"}, containers()  # the daemon started neither engine
         failure, done = wait_for_restart(journal, 0)
         kinds = [e["event"] for e in events(journal)]

