@@ -207,9 +207,10 @@ test: venv ## lint, unit, e2e (offline), test-hosts, multinode beside rehearse, 
 # fingerprint of the host; they share no port, stack, supervisor or incident folder, and neither installs packages
 # while the other runs (rehearse-deps first). The one thing they share is this machine's Docker daemon, which
 # tests/multinode restarts once (in CI) while the rehearsal builds and streams images from it per recipe: both take
-# turns for those steps (tests/support/host_docker.py). The rehearsal's output goes to .cache/rehearse.log.
+# turns for those steps (tests/support/host_docker.py). The rehearsal's output goes to .cache/rehearse.log. It runs
+# after e2e: its nodes load the front door image and the Debian base that e2e's deploy builds.
 multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/multinode beside make rehearse
-	@$(MAKE) --no-print-directory rehearse RECIPE=cpu > .cache/rehearse.log 2>&1 & reh=$$!; rc=0; \
+	@mkdir -p .cache; $(MAKE) --no-print-directory rehearse RECIPE=cpu > .cache/rehearse.log 2>&1 & reh=$$!; rc=0; \
 	$(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode || rc=$$?; \
 	wait $$reh || rc=$$?; echo "== make rehearse (beside tests/multinode) =="; cat .cache/rehearse.log; exit $$rc
 
@@ -219,7 +220,7 @@ multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/mult
 # network; their stacks, key files, supervisors and incident folders are their own. The gateway tier's output goes
 # to .cache/gateway.log, printed after both.
 llamacpp-beside-gateway: venv ## make llamacpp, then e2e-llamacpp-steps beside make e2e-gateway
-	@$(MAKE) --no-print-directory llamacpp || exit $$?; \
+	@mkdir -p .cache; $(MAKE) --no-print-directory llamacpp || exit $$?; \
 	$(MAKE) --no-print-directory e2e-gateway > .cache/gateway.log 2>&1 & gw=$$!; rc=0; \
 	$(MAKE) --no-print-directory e2e-llamacpp-steps || rc=$$?; \
 	wait $$gw || rc=$$?; echo "== make e2e-gateway (beside e2e-llamacpp) =="; cat .cache/gateway.log; exit $$rc

@@ -69,23 +69,31 @@ def _link_or_copy(src: str, dst: str) -> None:
 
 # Records, in an installed venv, which packages it was copied from (`venv_key`).
 VENV_KEY_FILE = "ds4deploy-venv.key"
+# The .pth file that puts an installed copy's root/ on its import path (`_copy_venv`).
+ROOT_PTH = "ds4deploy-supervisor-root.pth"
+# Bump when `_copy_venv` changes what a copy holds: copies made the old way are then made again.
+COPY_FORMAT = 1
 
 
-def venv_key(venv: Path) -> str:
-    """sha256 (hex) of what a venv holds: the Python version and every installed distribution's RECORD (name,
-    version and each file's sha256, written by pip, PEP 376/627). Two venvs with the same key hold the same
-    packages, so an installed copy can be kept (`install`)."""
-    h = hashlib.sha256(sys.version.encode())
+def venv_key(venv: Path, final: Path) -> str:
+    """sha256 (hex) of what a copy of `venv` installed at `final` holds: the copy's format (`COPY_FORMAT`), `final`
+    (its scripts' ``#!`` line and ``.pth`` name paths under it), the Python version and every installed
+    distribution's RECORD (name, version and each file's sha256, written by pip: PEP 376/627). An installed copy
+    whose key file holds the same key is kept (`install`)."""
+    h = hashlib.sha256(f"{COPY_FORMAT}\0{final}\0{sys.version}".encode())
     for record in sorted(venv.glob("lib/python*/site-packages/*.dist-info/RECORD")):
-        h.update(record.parent.name.encode() + b"\0" + record.read_bytes())
+        h.update(b"\0" + record.parent.name.encode() + b"\0" + record.read_bytes())
     return h.hexdigest()
 
 
 def _copy_venv(src: Path, out: Path, final: Path, root: Path) -> None:
     """Copy the venv `src` to `out` (to be renamed to `final`): library files hardlinked, scripts rewritten to run
     `final`'s python, the checkout's editable ds4deploy left out and a ``.pth`` naming `root` instead."""
+    # A source that is itself an installed copy has a .pth and a key file of its own: hardlinked, writing the
+    # copy's would rewrite the source's.
     shutil.copytree(src, out, symlinks=True, copy_function=_link_or_copy,
-                    ignore=shutil.ignore_patterns("__pycache__", "__editable__*ds4deploy*", "bin"))
+                    ignore=shutil.ignore_patterns("__pycache__", "__editable__*ds4deploy*", "bin", ROOT_PTH,
+                                                  VENV_KEY_FILE))
     (out / "bin").mkdir()
     for f in sorted((src / "bin").iterdir()):
         script = out / "bin" / f.name
@@ -100,7 +108,7 @@ def _copy_venv(src: Path, out: Path, final: Path, root: Path) -> None:
         script.write_bytes(data)
         script.chmod(f.stat().st_mode)
     site = next(out.glob("lib/python*/site-packages"))
-    (site / "ds4deploy-supervisor-root.pth").write_text(f"{root}\n")
+    (site / ROOT_PTH).write_text(f"{root}\n")
 
 
 def install(recipe: Recipe | GatewayRecipe, inventory: Path) -> tuple[list[str], Path]:
@@ -126,16 +134,11 @@ def install(recipe: Recipe | GatewayRecipe, inventory: Path) -> tuple[list[str],
     dest = INSTALL_DIR / recipe.base_name
     new = dest.with_name(dest.name + ".new")
     src_venv = Path(sys.prefix)
-    key = venv_key(src_venv)
+    key = venv_key(src_venv, dest / "venv")
     kept = dest / "venv" / VENV_KEY_FILE
     try:
         shutil.rmtree(new, ignore_errors=True)
         new.mkdir(parents=True)
-        if kept.is_file() and kept.read_text() == key:
-            (dest / "venv").rename(new / "venv")
-        else:
-            _copy_venv(src_venv, new / "venv", dest / "venv", dest / "root")
-            (new / "venv" / VENV_KEY_FILE).write_text(key)
         for tree in INSTALLED_TREES:
             shutil.copytree(REPO_ROOT / tree, new / "root" / tree, symlinks=True,
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -143,11 +146,24 @@ def install(recipe: Recipe | GatewayRecipe, inventory: Path) -> tuple[list[str],
         for side in ("group_vars", "host_vars"):
             if (inventory.parent / side).is_dir():
                 shutil.copytree(inventory.parent / side, new / side)
+        keep = kept.is_file() and kept.read_bytes() == key.encode()
+        if not keep:
+            _copy_venv(src_venv, new / "venv", dest / "venv", dest / "root")
+            (new / "venv" / VENV_KEY_FILE).write_text(key)
         old = dest.with_name(dest.name + ".old")
         shutil.rmtree(old, ignore_errors=True)
         if dest.exists():
             dest.rename(old)
-        new.rename(dest)
+        try:
+            if keep:  # the previous install's venv moves into the new one; the swap is two renames
+                (old / "venv").rename(new / "venv")
+            new.rename(dest)
+        except BaseException:
+            if keep and (new / "venv").is_dir():
+                (new / "venv").rename(old / "venv")
+            if not dest.exists():
+                old.rename(dest)  # the previous install stays whole
+            raise
         shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
         raise UserError(f"cannot install the supervisor under {INSTALL_DIR}: {exc}",

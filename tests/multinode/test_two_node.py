@@ -3,7 +3,8 @@ by the same playbooks as the GPU recipes, as two containers on one Docker networ
 (ansible/inventories/two-node-local.yml). Then each fault the supervisor must repair, for real: the worker's engine
 killed, the worker's engine process frozen (API up, no progress), both engines down at once (what a reboot leaves,
 and the head's death with it: the supervisor starts the worker first, then the head), and a real Docker daemon
-restart (in CI, whose machine is its own; opt-in elsewhere): the supervisor waits out the outage unbudgeted, then
+restart (in CI, whose machine runs nothing else on that daemon but the rehearsal beside, which takes turns at it:
+tests/support/host_docker.py; opt-in elsewhere): the supervisor waits out the outage unbudgeted, then
 starts them in order; after each, a request succeeds and an incident folder holds every node's log. Then the head
 started alone: a clear "waiting for its peer" failure at once (the deploy watches every node while the head waits),
 and nothing left running; then a worker that fails at start: the deploy's message quotes the worker's own first
@@ -246,7 +247,8 @@ def test_engines_down_at_once_come_back_in_order(supervisor):
     assert chat().status_code == 200
 
 
-# Runs in CI, whose machine is its own; elsewhere opt-in: it restarts every container of the host's daemon.
+# Runs in CI, whose machine runs only make test's tiers (the rehearsal beside takes turns at the daemon:
+# tests/support/host_docker.py); elsewhere opt-in: it restarts every container of the host's daemon.
 @pytest.mark.skipif(not DOCKERD_RESTART,
                     reason="restarts the host's Docker daemon, and with it every container on the host: set "
                            "DS4_TEST_DOCKERD_RESTART=1 on a host of its own")

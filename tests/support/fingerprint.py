@@ -18,7 +18,8 @@ Skipped, because they change by themselves while nothing deploys (`VOLATILE`):
 - a container's health (docker's Status column: "Up 5 minutes (healthy)") and the uptime: only the State is kept.
 
 Which containers or images other users of the same Docker daemon make in the meantime is not filtered: a test that
-compares two fingerprints runs while nothing else deploys on the host (`make test` runs its tiers one by one).
+compares two fingerprints runs while nothing else deploys on the host (`make test` runs tests/e2e and tests/hosts,
+the tiers that take them, while no other tier runs).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ import stat
 import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 ROOTS = ("/etc", "/opt/ds4deploy", "/var/lib/ds4deploy")
-# A venv (a directory holding pyvenv.cfg, PEP 405): an installed supervisor's under /opt/ds4deploy/supervisor/<name>/
+# An installed supervisor's venv (/opt/ds4deploy/supervisor/<name>/venv, holding pyvenv.cfg: PEP 405)
 # holds ~65,000 files, made whole by `ds4deploy supervisor start` after a deploy's every check has passed (its
 # ds4deploy-venv.key names the packages it was made from: ds4deploy.operate.service.venv_key). Its top entries (that
 # key file among them) are recorded, not every file below: walking seven of them took 5 s per fingerprint on the
@@ -82,7 +84,7 @@ def files(roots: Iterable[str] = ROOTS, volatile: Iterable[str] = VOLATILE) -> d
                 path = os.path.join(top, name)
                 if not _skipped(path, volatile):
                     record(path)
-            if "pyvenv.cfg" in names:  # a venv (an installed supervisor's): its top entries stand for it
+            if "pyvenv.cfg" in names and Path(top).parent.parent.name == "supervisor":  # an installed venv
                 dirs[:] = []
     return out
 

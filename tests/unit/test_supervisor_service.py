@@ -112,7 +112,7 @@ def test_a_redeploy_keeps_the_installed_venv_made_from_the_same_packages(tmp_pat
     supervisor_service.install(load_recipe("cpu"), inv)
     script = (venv / "bin" / "ds4deploy").stat().st_ino
     key = (venv / supervisor_service.VENV_KEY_FILE).read_text()
-    assert key == supervisor_service.venv_key(Path(sys.prefix))
+    assert key == supervisor_service.venv_key(Path(sys.prefix), venv)
     (tmp_path / "opt" / "cpu" / "root" / "recipes" / "cpu.yaml").unlink()  # the rest is replaced whole
     supervisor_service.install(load_recipe("cpu"), inv)
     assert (venv / "bin" / "ds4deploy").stat().st_ino == script
