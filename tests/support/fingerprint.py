@@ -5,8 +5,8 @@ What it holds:
 - files: every path under `ROOTS` (the host's /etc, which holds netplan's /etc/netplan and each test host's
   /etc/netns/<ns>/netplan; /opt/ds4deploy, the stacks; /var/lib/ds4deploy, models, build contexts, incidents) with
   its type, size, mtime (ns) and mode, from lstat (symlinks are not followed; a symlink's target is recorded; a
-  directory by its mode and its entries, not its own mtime); an installed supervisor's venv by its key file and
-  its top entries (a venv: see `ROOTS`);
+  directory by its mode and its entries, not its own mtime); an installed supervisor's venv by its top entries,
+  its key file among them (the comment under `ROOTS`);
 - containers: every Docker container (``docker ps -a``), name -> (id, state: running, exited, ...);
 - images: every Docker image (``docker images -a``), repository:tag -> id (dangling ones by id alone).
 

@@ -19,12 +19,13 @@ import yaml
 from ds4deploy.build import artifacts
 from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.load import load_recipe
+from tests.support import host_docker
 from tests.unit.conftest import REPO, run_cli
 
 pytestmark = pytest.mark.tool  # runs a real tool or waits in real time: not in `make check-fast`
 
 V100 = "v100x8-ds41-flash-iq2"
-DOCKER_LOCK = "/tmp/ds4-docker.lock"
+DOCKER_LOCK = str(host_docker.LOCK)
 # Images the daemon holds after the warm-up deploy; any two tagged images with different IDs do.
 PREFERRED = ["ds4deploy/debian:bookworm-local", "ds4deploy/front-door:nginx-bookworm"]
 FAKE_ID = "sha256:" + "ab" * 32
