@@ -20,7 +20,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-gateway bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway multinode-beside-rehearse llamacpp-beside-gateway
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-gateway bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway multinode-beside-rehearse last-lanes unit-tools
 
 help: ## this list (each target's own `##` comment)
 	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
@@ -145,8 +145,9 @@ PARSER_PINS := .cache/parser-pins/.fetched
 $(PARSER_PINS): $(wildcard recipes/*.yaml) | $(ENGINE_VENV)/.pins
 	$(BIN)/ds4deploy conformance parsers --fetch-only && touch $@
 
-# tcpdump: the live packet-capture test of tools/benchval/wire.py (skipped without it, or without root).
-unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the engine venv for vLLM's own argument and tool-call parsers, fetches the GX10 pin's parser code)
+# The Debian tools the unit tests run (installed when missing and root). tcpdump: the live packet-capture test of
+# tools/benchval/wire.py (skipped without it, or without root).
+unit-tools: ## tcpdump, nginx-light and promtool for the unit tests, when missing (root)
 	@command -v tcpdump >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump; }
 	@# nginx-light (the front door image's nginx, Debian bookworm): tests/unit/test_front_door.py runs the renders.
@@ -155,6 +156,8 @@ unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) ## the unit tests (creates the en
 	@# promtool (Debian package prometheus): checks the documented scrape config (docs/monitoring/prometheus.yml).
 	@command -v promtool >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) unit-tools ## the unit tests (creates the engine venv for vLLM's own argument and tool-call parsers, fetches the GX10 pin's parser code)
 	@# The tests that start no engine on every core (xdist), then the ones that share one engine (test_conformance's
 	@# `server`), in one process so it starts once. ENGINE_TESTS=deployed (make test) leaves those to the e2e tier,
 	@# which runs them on the deployed cpu stack's own engine instead of starting a second one.
@@ -172,65 +175,71 @@ TIER = tools/tier "$(1)"
 # The conformance matrix tests/infra runs on the deployed stack, judged again by the unit tier's engine tests.
 CONFORMANCE_SHARED := $(abspath .cache/conformance-deployed)
 e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests/offline and tests/multinode
-## MULTINODE=apart: without tests/multinode (make test runs it beside the rehearsal)
+## LANES=apart: without tests/offline and tests/multinode (make test runs each in a lane of its own)
 	$(call TIER,deploy) $(MAKE) deploy RECIPE=$(RECIPE) INVENTORY=$(INVENTORY)
 	status=0; rm -rf $(CONFORMANCE_SHARED) && mkdir -p $(CONFORMANCE_SHARED); \
 	$(call TIER,tests/infra) DS4_RECIPE=$(RECIPE) DS4_CONFORMANCE_SHARED=$(CONFORMANCE_SHARED) PATH=$(abspath $(BIN)):$$PATH $(BIN)/pytest -q --durations=10 tests/infra --hosts=ansible://all --ansible-inventory $(INVENTORY) || status=$$?; \
 	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(ENGINE_TESTS)" != deployed ] || { $(call TIER,unit engine) DS4_CONFORMANCE_DEPLOYED=1 DS4_CONFORMANCE_SHARED=$(CONFORMANCE_SHARED) $(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit; } || status=$$?; \
 	[ $$status -ne 0 ] || { $(call TIER,tests/e2e) $(BIN)/pytest -q --durations=10 tests/e2e; } || status=$$?; \
 	$(call TIER,down) $(MAKE) down RECIPE=$(RECIPE) INVENTORY=$(INVENTORY) || status=$$?; \
-	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || { $(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline; } || status=$$?; \
-	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(MULTINODE)" = apart ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(LANES)" = apart ] || { $(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline; } || status=$$?; \
+	[ $$status -ne 0 ] || [ "$(RECIPE)" != cpu ] || [ "$(LANES)" = apart ] || { $(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode; } || status=$$?; \
 	exit $$status
 
-# The engine venv and the GX10 pin's parser code (the unit tier's set-up: pip and a download, about 150 s on a fresh
-# clone) are made in the background while lint runs; lint reads neither. The tiers that take fingerprints of the
-# host (tests/e2e's and tests/hosts' refusals) run while nothing else does. Then two phases of two lanes each, paired
-# so that neither lane can disturb the other (below): tests/multinode beside the rehearsal, and, after `make
-# llamacpp`, cpu-llamacpp end to end beside the gateway tier.
-test: venv ## lint, unit, e2e (offline), test-hosts, multinode beside rehearse, llama.cpp beside the gateway: what CI runs
+# The engine venv and the GX10 pin's parser code (the unit tier's set-up: pip and a download, about 220 s on a fresh
+# clone) are made in the background while lint and the unit tests that do not read them run; the unit tests that
+# read the engine venv (marker `engine_venv`) run once it is made. The tiers that take fingerprints of the host
+# (tests/e2e's and tests/hosts' refusals) run while nothing else does. Then two phases of lanes (tools/beside), paired
+# so that no lane can disturb another (below): tests/multinode beside the rehearsal; then, after `make llamacpp` and
+# the gateway image, cpu-llamacpp end to end beside the gateway tier beside tests/offline.
+test: venv ## lint, unit, e2e, test-hosts, multinode beside rehearse, llama.cpp beside the gateway beside offline: what CI runs
 	@mkdir -p .cache && : > .cache/tier-times
 	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; start=$$(date +%s); \
 	$(MAKE) --no-print-directory $(ENGINE_VENV)/.pins $(PARSER_PINS) > .cache/engine-venv.log 2>&1 & deps=$$!; \
-	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && \
+	{ $(call TIER,lint) $(MAKE) --no-print-directory lint && $(MAKE) --no-print-directory unit-tools && \
+	  $(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n auto -m "not engine and not engine_venv" \
+	    --durations=10 tests/unit && \
 	  { wait $$deps || { cat .cache/engine-venv.log; false; }; } && \
-	  $(call TIER,unit) $(MAKE) --no-print-directory unit ENGINE_TESTS=deployed && \
-	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed MULTINODE=apart && \
+	  $(call TIER,unit engine-venv) $(BIN)/pytest -q -p no:cacheprovider -n auto -m "engine_venv and not engine" \
+	    --durations=5 tests/unit && \
+	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed LANES=apart && \
 	  $(MAKE) --no-print-directory test-hosts && \
 	  $(MAKE) --no-print-directory multinode-beside-rehearse && \
-	  $(MAKE) --no-print-directory llamacpp-beside-gateway; } || rc=$$?; \
+	  $(MAKE) --no-print-directory last-lanes; } || rc=$$?; \
 	echo "== make test: wall time per tier (tiers of one phase run side by side) =="; \
 	cat .cache/tier-times; echo "wall: $$(($$(date +%s) - start)) s"; exit $$rc
 
 # tests/multinode (the two-node cpu stack, host network ports 8010 and its own Docker network) beside the rehearsal
-# of every reference recipe (stand-in nodes: namespaces with Docker daemons of their own). Neither takes a
-# fingerprint of the host; they share no port, stack, supervisor or incident folder, and neither installs packages
-# while the other runs (rehearse-deps first). The one thing they share is this machine's Docker daemon, which
-# tests/multinode restarts once (in CI) while the rehearsal builds and streams images from it per recipe: both take
-# turns for those steps (tests/support/host_docker.py). The rehearsal's output goes to .cache/rehearse.log. It runs
-# after e2e: its nodes load the front door image and the Debian base that e2e's deploy builds.
+# of every reference recipe (stand-in nodes: namespaces with Docker daemons of their own; output in
+# .cache/rehearse.log). Neither takes a fingerprint of the host; they share no port, stack, supervisor or incident
+# folder, and neither installs packages while the other runs (rehearse-deps first). The one thing they share is this
+# machine's Docker daemon, which tests/multinode restarts once (in CI) while the rehearsal builds and streams images
+# from it per recipe: both take turns for those steps (tests/support/host_docker.py). It runs after e2e: its nodes
+# load the front door image and the Debian base that e2e's deploy builds.
 multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/multinode beside make rehearse
-	@mkdir -p .cache; $(MAKE) --no-print-directory rehearse RECIPE=cpu > .cache/rehearse.log 2>&1 & reh=$$!; rc=0; \
-	$(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode || rc=$$?; \
-	wait $$reh || rc=$$?; echo "== make rehearse (beside tests/multinode) =="; cat .cache/rehearse.log; exit $$rc
+	@tools/beside '$(call TIER,tests/multinode) $(BIN)/pytest -q --durations=10 tests/multinode' \
+	  'rehearse=$(MAKE) --no-print-directory rehearse RECIPE=cpu'
 
-# `make test`'s last phase: `make llamacpp` (the llamacpp-cpu image both lanes serve with, built once), then
-# `make e2e-llamacpp`'s steps (cpu-llamacpp: ports 8020/8021) beside `make e2e-gateway` (its backends on 18121-18123,
-# the gateway on 18140-18142). Neither takes a fingerprint of the host, restarts the Docker daemon or blocks the
-# network; their stacks, key files, supervisors and incident folders are their own. The gateway tier's output goes
-# to .cache/gateway.log, printed after both.
-llamacpp-beside-gateway: venv ## make llamacpp, then e2e-llamacpp-steps beside make e2e-gateway
-	@mkdir -p .cache; $(MAKE) --no-print-directory llamacpp || exit $$?; \
-	$(MAKE) --no-print-directory e2e-gateway > .cache/gateway.log 2>&1 & gw=$$!; rc=0; \
-	$(MAKE) --no-print-directory e2e-llamacpp-steps || rc=$$?; \
-	wait $$gw || rc=$$?; echo "== make e2e-gateway (beside e2e-llamacpp) =="; cat .cache/gateway.log; exit $$rc
+# `make test`'s last phase, after tests/multinode (the one tier that restarts the Docker daemon): `make llamacpp` (the
+# llamacpp-cpu image both llama.cpp lanes serve with) and the gateway's router image, each built once, then three
+# lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp: ports 8020/8021), `make e2e-gateway` (its backends on
+# 18121-18123, the gateway on 18140-18142; .cache/gateway.log) and tests/offline (the cpu recipe from a bundle on its
+# own ports, the engine-cpu image removed and loaded again, which no other lane runs; .cache/offline.log). None takes
+# a fingerprint of the host or restarts the Docker daemon; their stacks, key files, supervisors and incident folders
+# are their own. tests/offline blocks outbound network (iptables OUTPUT, all but loopback and the Docker bridges) for
+# its deploy: the other two need none once their images are built, which is why the images come first.
+last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps beside e2e-gateway beside tests/offline
+	@$(MAKE) --no-print-directory llamacpp && $(BIN)/ds4deploy gateway image >/dev/null
+	@tools/beside '$(MAKE) --no-print-directory e2e-llamacpp-steps' \
+	  'gateway=$(MAKE) --no-print-directory e2e-gateway' \
+	  'offline=$(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline'
 
 # Lint and the unit tests that run in-process: no engine (marker `engine`), no real tool in a subprocess and no real
 # stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's parser, the hub server); `make unit` runs
 # every one. 141 s on the 2-core machine, quiet (2026-12-02; lint 36 s, unit 105 s).
 check-fast: venv ## lint + the in-process unit tests (no engine, no tool run; `make unit` runs all): for every change
 	@$(call TIER,lint) $(MAKE) --no-print-directory lint
-	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine and not tool" \
+	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine and not engine_venv and not tool" \
 	  --durations=10 tests/unit
 
 base-image: ## Debian bookworm base via debootstrap (no registry needed)
@@ -273,7 +282,7 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 # (SMG router image from images/gateway/, the stacks' front door) in front of three real llama-server backends (the
 # cpu-llamacpp image and tiny GGUF), then status, routing, sticky sessions, people's keys, revocation, usage,
 # drain/rejoin, the conformance matrix through the gateway, `make down` (evidence first) and the deploy's refusals
-# (tests/gateway). `make test` runs it beside e2e-llamacpp (llamacpp-beside-gateway). Needs the llamacpp-cpu image
+# (tests/gateway). `make test` runs it beside e2e-llamacpp and tests/offline (last-lanes). Needs the llamacpp-cpu image
 # (`make llamacpp`); builds the gateway image
 # on first use (pip downloads its pinned wheels). On the 2-core machine 337 s, 47 tests, with a cpu deploy running
 # beside it (2026-12-02, main after the review's mends); 171-288 s, 45 tests, in the helper's runs; its conformance

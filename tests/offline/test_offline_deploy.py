@@ -1,7 +1,9 @@
 """Air-gapped deploy, end to end: `make bundle`, then `make deploy OFFLINE=<bundle>` from a fresh copy of the
 repository with no venv, no engine image, no model, and outbound network blocked (iptables), then a real request.
 
-Runs after the main deploy of `make test` has been torn down (it deploys the cpu recipe on its own port).
+Runs after the main deploy of `make test` has been torn down (it deploys the cpu recipe on that recipe's port), in
+`make test`'s last phase beside the llama.cpp and gateway lanes (Makefile `last-lanes`: their images are built
+first, so they need no outbound network while this test blocks it).
 The network block is an iptables chain on OUTPUT that rejects everything but loopback and the Docker bridges, so
 pip, the model hub and registries are unreachable for the whole offline deploy; the test first proves the block
 works (PyPI must be unreachable) so the deploy cannot pass by reaching the network.

@@ -78,10 +78,29 @@ async def chat_server(handler) -> AsyncIterator[tuple[str, int]]:
 # or the pinned DeepSeek V4 parsers run inside it (test_conformance_parsers.py `raw`). Minutes each on two cores:
 # `make unit` (and so `make test`) runs them; `make check-fast` leaves them out with -m "not engine".
 ENGINE_FIXTURES = frozenset({"server", "raw"})
+# The fixture of the tests that read the engine venv without starting an engine (vLLM's own argument parser, its
+# package files): marked ``engine_venv``, so `make test` runs the rest of the unit tier while the venv is being made.
+ENGINE_VENV_FIXTURES = frozenset({"engine_python"})
+
+
+@pytest.fixture(scope="session")
+def engine_python() -> Path:
+    """The engine venv's python (.cache/engine-venv/bin/python, `ds4deploy engine-venv --recipe cpu`); fails the
+    test, with the fix, while the venv is missing or unfinished (its `.pins` stamp is written after the last
+    install): `make check-fast` leaves these tests out (-m "not engine_venv")."""
+    from ds4deploy.build.engine_venv import ENGINE_PYTHON, ENGINE_VENV
+
+    if not (ENGINE_PYTHON.is_file() and (ENGINE_VENV / ".pins").is_file()):
+        pytest.fail(f"no finished engine venv at {ENGINE_VENV}: `make unit` makes it (ds4deploy engine-venv)")
+    return ENGINE_PYTHON
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that uses an `ENGINE_FIXTURES` fixture ``engine``."""
+    """Mark every test that uses an `ENGINE_FIXTURES` fixture ``engine`` and every test that uses an
+    `ENGINE_VENV_FIXTURES` fixture ``engine_venv``."""
     for item in items:
-        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        used = set(getattr(item, "fixturenames", ()))
+        if ENGINE_FIXTURES & used:
             item.add_marker(pytest.mark.engine)
+        if ENGINE_VENV_FIXTURES & used:
+            item.add_marker(pytest.mark.engine_venv)

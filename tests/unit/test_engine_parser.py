@@ -18,7 +18,7 @@ BAD = ["--model", "/model", "--no-such-flag-ds4", "1"]
 
 
 @pytest.fixture(scope="module")
-def parsed() -> tuple[dict[str, dict], dict[str, dict]]:
+def parsed(engine_python) -> tuple[dict[str, dict], dict[str, dict]]:
     """(every vLLM-family recipe's rendered engine argv by label "<recipe>/<compose file>/<service>", the two argvs of
     BAD by label), parsed in one engine-venv process (each start imports vLLM: about 20 s on the 2-core host)."""
     argvs, labels = [], []

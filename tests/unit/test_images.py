@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from ds4deploy.build import image
-from ds4deploy.build.engine_venv import ENGINE_PYTHON
 from ds4deploy.core.errors import UserError
 from ds4deploy.recipe.load import all_recipes, load_recipe
 from ds4deploy.recipe.paths import REPO_ROOT
@@ -97,13 +96,11 @@ def _sm70_checks(text: str) -> list[str]:
 
 
 @pytest.mark.tool
-def test_sm70_checks_run_without_a_gpu_and_refuse_a_cpu_engine():
+def test_sm70_checks_run_without_a_gpu_and_refuse_a_cpu_engine(engine_python):
     """The image's checks, run for real with this machine's CPU vLLM (.cache/engine-venv): each evaluates without a
     GPU; the CUDA and sm_70 checks refuse that engine. vLLM 0.32 has the DeepSeek-V4.1 package upstream, so the
     package check passes it, and refuses a name it does not have."""
-    eng = ENGINE_PYTHON
-    if not eng.is_file():
-        pytest.skip("no .cache/engine-venv: run `make unit` (it creates it)")
+    eng = engine_python
     checks = _sm70_checks((REPO_ROOT / "images/sm70/Dockerfile").read_text())
     assert len(checks) == 3
     for check in checks[:2]:
@@ -288,11 +285,9 @@ def test_the_fix_refuses_an_encoder_it_cannot_fix_and_restores_it(tmp_path):
     assert "has no encode_arguments_to_dsml" in _fix("apply", enc, "--reference", ref).stderr
 
 
-def test_the_build_self_test_on_vllms_own_encoder():
+def test_the_build_self_test_on_vllms_own_encoder(engine_python):
     """The image runs it at build against its vLLM's deepseek_v4 encoder; here against the CPU vLLM's (same file)."""
-    if not ENGINE_PYTHON.is_file():
-        pytest.skip("no .cache/engine-venv: run `make unit` (it creates it)")
-    find = subprocess.run([str(ENGINE_PYTHON), "-c", "import importlib.util as u; "
+    find = subprocess.run([str(engine_python), "-c", "import importlib.util as u; "
                            "print(u.find_spec('vllm').submodule_search_locations[0])"],
                           capture_output=True, text=True, check=True, timeout=120)
     ref = Path(find.stdout.strip()) / "tokenizers" / "deepseek_v4_encoding.py"
