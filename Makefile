@@ -159,8 +159,8 @@ unit-tools: ## tcpdump, nginx-light and promtool for the unit tests, when missin
 
 unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) unit-tools ## the unit tests (creates the engine venv for vLLM's own argument and tool-call parsers, fetches the GX10 pin's parser code)
 	@# The tests that start no engine on every core (xdist), then the ones that share one engine (test_conformance's
-	@# `server`), in one process so it starts once. ENGINE_TESTS=deployed (make test) leaves those to the e2e tier,
-	@# which runs them on the deployed cpu stack's own engine instead of starting a second one.
+	@# `server`), in one process so it starts once. ENGINE_TESTS=deployed leaves those to the e2e tier, which runs them
+	@# on the deployed cpu stack's own engine instead of starting a second one (`make test` runs both passes itself).
 	$(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine" --durations=10 tests/unit
 	$(if $(filter deployed,$(ENGINE_TESTS)),,$(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit)
 
@@ -201,7 +201,7 @@ test: venv ## lint, unit, e2e, test-hosts, multinode beside rehearse, llama.cpp 
 	    --durations=10 tests/unit && \
 	  { wait $$deps || { cat .cache/engine-venv.log; false; }; } && \
 	  $(call TIER,unit engine-venv) $(BIN)/pytest -q -p no:cacheprovider -n auto -m "engine_venv and not engine" \
-	    --durations=5 tests/unit && \
+	    --dist loadfile --durations=5 tests/unit && \
 	  $(MAKE) --no-print-directory e2e ENGINE_TESTS=deployed LANES=apart && \
 	  $(MAKE) --no-print-directory test-hosts && \
 	  $(MAKE) --no-print-directory multinode-beside-rehearse && \
@@ -229,13 +229,13 @@ multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/mult
 # are their own. tests/offline blocks outbound network (iptables OUTPUT, all but loopback and the Docker bridges) for
 # its deploy: the other two need none once their images are built, which is why the images come first.
 last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps beside e2e-gateway beside tests/offline
-	@$(MAKE) --no-print-directory llamacpp && $(BIN)/ds4deploy gateway image >/dev/null
+	@$(MAKE) --no-print-directory llamacpp && $(call TIER,gateway image) $(BIN)/ds4deploy gateway image >/dev/null
 	@tools/beside '$(MAKE) --no-print-directory e2e-llamacpp-steps' \
 	  'gateway=$(MAKE) --no-print-directory e2e-gateway' \
 	  'offline=$(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline'
 
-# Lint and the unit tests that run in-process: no engine (marker `engine`), no real tool in a subprocess and no real
-# stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's parser, the hub server); `make unit` runs
+# Lint and the unit tests that run in-process: no engine (marker `engine`), no engine venv (marker `engine_venv`), no
+# real tool in a subprocess and no real stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's parser, the hub server); `make unit` runs
 # every one. 141 s on the 2-core machine, quiet (2026-12-02; lint 36 s, unit 105 s).
 check-fast: venv ## lint + the in-process unit tests (no engine, no tool run; `make unit` runs all): for every change
 	@$(call TIER,lint) $(MAKE) --no-print-directory lint

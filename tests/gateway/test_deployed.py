@@ -1,5 +1,5 @@
 """The gateway in front of real backends on this machine (`make e2e-gateway`, which `make test` runs beside
-cpu-llamacpp's end-to-end steps).
+cpu-llamacpp's end-to-end steps and tests/offline: Makefile `last-lanes`).
 
 The three real backends of tools/gateway_rig.py (llama-server behind the cpu-llamacpp recipe's rendered front
 door, each with its own key and the gateway's beside it). The committed gateway recipe recipes/gateways/loopback.yaml

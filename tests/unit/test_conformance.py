@@ -74,7 +74,7 @@ def server(tmp_path_factory):
         yield os.environ["DS4_CONFORMANCE_URL"], parse_env_file(kf.read_text())["VLLM_API_KEY"], kf
         return
     if not ENGINE_PYTHON.is_file():
-        pytest.skip(f"no engine venv at {ENGINE_PYTHON}: `make unit` creates it (ds4deploy engine-venv)")
+        pytest.fail(f"no engine venv at {ENGINE_PYTHON}: `make unit` creates it (ds4deploy engine-venv)")
     d = tmp_path_factory.mktemp("conformance")
     spec = yaml.safe_load((REPO / "recipes" / "cpu.yaml").read_text())["model"]["generator"]
     generate(d / "model", TinyModelSpec(**spec))
