@@ -159,10 +159,10 @@ unit-tools: ## tcpdump, nginx-light and promtool for the unit tests, when missin
 
 unit: venv $(ENGINE_VENV)/.pins $(PARSER_PINS) unit-tools ## the unit tests (creates the engine venv for vLLM's own argument and tool-call parsers, fetches the GX10 pin's parser code)
 	@# The tests that start no engine on every core (xdist), then the ones that share one engine (test_conformance's
-	@# `server`), in one process so it starts once. ENGINE_TESTS=deployed leaves those to the e2e tier, which runs them
-	@# on the deployed cpu stack's own engine instead of starting a second one (`make test` runs both passes itself).
+	@# `server`), in one process so it starts once. `make test` does not call this target: it runs the first pass in
+	@# two parts around the engine venv, and the engine tests in its e2e phase on the deployed cpu stack's own engine.
 	$(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine" --durations=10 tests/unit
-	$(if $(filter deployed,$(ENGINE_TESTS)),,$(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit)
+	$(BIN)/pytest -q -p no:cacheprovider -m engine --durations=10 tests/unit
 
 # Deploys for real, checks the host and the server with testinfra (with ENGINE_TESTS=deployed, as `make test` runs it,
 # then the unit tests marked `engine` against the deployed cpu stack's own engine: tier "unit engine"), tries the
@@ -235,8 +235,8 @@ last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps
 	  'offline=$(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline'
 
 # Lint and the unit tests that run in-process: no engine (marker `engine`), no engine venv (marker `engine_venv`), no
-# real tool in a subprocess and no real stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's parser, the hub server); `make unit` runs
-# every one. 141 s on the 2-core machine, quiet (2026-12-02; lint 36 s, unit 105 s).
+# real tool in a subprocess and no real stall timeouts (marker `tool`: the CLI, ansible-playbook, docker, vLLM's
+# parser, the hub server); `make unit` runs every one. 141 s on the 2-core machine, quiet (2026-12-02; lint 36 s, unit 105 s).
 check-fast: venv ## lint + the in-process unit tests (no engine, no tool run; `make unit` runs all): for every change
 	@$(call TIER,lint) $(MAKE) --no-print-directory lint
 	@$(call TIER,unit) $(BIN)/pytest -q -p no:cacheprovider -n $(or $(JOBS),auto) -m "not engine and not engine_venv and not tool" \
