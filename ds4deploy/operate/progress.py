@@ -7,10 +7,13 @@ probe request waits behind the user's request, and a long prefill prints nothing
 - a `Reading` is one look at the engine: how many requests it runs and queues (`load`), and a fingerprint of every
   value that moves when the scheduler does work (token counters, the iteration counter, the KV-cache fill, the
   running/waiting gauges themselves);
-- `ProgressWatch.judge` turns successive readings into a `Verdict`: ``idle`` (nothing running or queued: the
-  supervisor may send its one-token probe, which then waits behind no one), ``busy`` (work present and the
-  fingerprint moved within the recipe's bound ``serving.progress_bound_s``), ``stalled`` (work present and nothing
-  moved for the whole bound: restart), ``unreadable`` (no reading: the supervisor falls back to its probe).
+- `ProgressWatch.judge` turns successive readings into a `Verdict`: ``idle`` (nothing running or queued, and no
+  work counter moved since the last reading: the supervisor may send its one-token probe, which then waits behind
+  no one), ``busy`` (work present and the fingerprint moved within the recipe's bound ``serving.progress_bound_s``;
+  or nothing in the scheduler at this reading but tokens served since the last one: short requests that come and
+  go between readings, or wait in the API server, which the scheduler's gauges do not count), ``stalled`` (work
+  present and nothing moved for the whole bound: restart), ``unreadable`` (no reading: the supervisor falls back to
+  its probe).
   A reading that fails while the last one showed work that moved within the bound stays ``busy``: under a full
   queue the API server answers /metrics late (up to 6.5 s on the 2-core cpu stack with 16 clients, 20 s with the
   test suite loading the host, 2026-12-01), and a probe sent then would wait behind the queue and call a busy
@@ -113,6 +116,9 @@ def read_vllm(url: str, key: str | None, timeout_s: float) -> Reading:
 LLAMACPP_RUNNING = LLAMACPP_METRICS["requests_processing"]
 LLAMACPP_WAITING = LLAMACPP_METRICS["requests_deferred"]
 LLAMACPP_PROGRESS = tuple(LLAMACPP_METRICS.values())
+# The samples of both families that are gauges, not counts of work done: they go down as well as up, so a change in
+# them alone is no sign that the engine worked (`ProgressWatch.judge`, "worked since the last reading").
+GAUGES = frozenset({VLLM_RUNNING, VLLM_WAITING, VLLM_METRICS["kv_cache_usage"], LLAMACPP_RUNNING, LLAMACPP_WAITING})
 
 
 def parse_llamacpp_metrics(text: str) -> Reading:
@@ -145,6 +151,13 @@ def read_llamacpp(url: str, key: str | None, timeout_s: float) -> Reading:
 READERS: dict[str, Callable[[str, str | None, float], Reading]] = {"vllm": read_vllm, "llamacpp": read_llamacpp}
 
 
+def worked_between(before: Reading, after: Reading) -> bool:
+    """True when a counter of work done (any fingerprint sample but `GAUGES`: tokens, finished requests, engine
+    steps) is higher in `after` than in `before`: the engine worked in between, whatever its gauges say now."""
+    old = dict(before.fingerprint)
+    return any(v > old.get(name, v) for name, v in after.fingerprint if name not in GAUGES)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """`state`: "idle", "busy", "stalled" or "unreadable"; `detail`: one line for the journal."""
@@ -161,20 +174,29 @@ class ProgressWatch:
     bound_s: float
     last: Reading | None = None
     moved_at: float | None = None
+    last_busy: bool = False  # the last reading's verdict was busy
 
     def judge(self, reading: Reading | None, now: float, why: str = "") -> Verdict:
         """Record `reading` (None: the engine gave none, `why` says why) taken at `now` and judge it.
 
-        No reading after one with work that moved less than `bound_s` ago: ``busy`` still (a late /metrics answer
-        under load is not a wedge; the bound still applies, counted from that last movement)."""
+        With nothing running or queued but a work counter higher than at the last reading (`worked_between`):
+        ``busy``. No reading after a busy one whose work moved less than `bound_s` ago: ``busy`` still (a late
+        /metrics answer under load is not a wedge; the bound still applies, counted from that last movement)."""
         if reading is None:
             why = f" ({why})" if why else ""
-            if self.last is not None and self.last.load > 0 and self.moved_at is not None:
+            if self.last is not None and self.last_busy and self.moved_at is not None:
                 still = now - self.moved_at
                 if still < self.bound_s:
                     return Verdict("busy", f"no progress reading now{why}; {self.last.running:g} running, "
                                            f"{self.last.waiting:g} waiting and progress {still:.0f} s ago at the last")
             return Verdict("unreadable", f"no progress reading{why}")
+        verdict = self._judge(reading, now)
+        self.last_busy = verdict.state == "busy"
+        return verdict
+
+    def _judge(self, reading: Reading, now: float) -> Verdict:
+        """`judge` of a reading."""
+        worked = self.last is not None and worked_between(self.last, reading)
         if self.last is None or reading.fingerprint != self.last.fingerprint:
             self.moved_at = now
         self.last = reading
@@ -182,11 +204,25 @@ class ProgressWatch:
         still = now - self.moved_at
         work = f"{reading.running:g} running, {reading.waiting:g} waiting"
         if reading.load == 0:
+            if worked:
+                # Requests came and went between two readings: the gauges are a snapshot of the scheduler, and a
+                # request still with the API server (being tokenized, or its answer detokenized and sent) is in
+                # neither of them. On the 2-core cpu stack under 16 clients, 1,024-token requests finished at
+                # ~0.7 per second while most readings showed 0 running, 0 waiting (2026-12-03). The engine is
+                # alive: a probe now would wait behind that work.
+                return Verdict("busy", f"{work} at this reading, but the engine's work counters moved since the "
+                                       "last one (requests come and go between readings)")
             return Verdict("idle", f"idle ({work})")
         if still >= self.bound_s:
             return Verdict("stalled", f"{work}, no progress counter moved for {still:.0f} s "
                                       f"(bound {self.bound_s:g} s)")
         return Verdict("busy", f"{work}, last progress {still:.0f} s ago")
+
+    def rebase(self, reading: Reading | None) -> None:
+        """Take `reading` as the last one without judging it: after the supervisor's own probe, whose one token
+        would otherwise count as work at the next check. None (no reading) changes nothing."""
+        if reading is not None:
+            self.last = reading
 
     def moved_since(self, reading: Reading | None) -> bool:
         """True when `reading` differs from the last judged one: the engine did some work in between (a probe that

@@ -18,8 +18,10 @@ What counts as a failure, checked every `interval_s`:
   the engine's own progress counters (`ds4deploy.operate.progress`, per engine family: vLLM's scheduler gauges and
   token counters, llama-server's requests_processing/requests_deferred and token and llama_decode() counters). With
   requests running or queued, the engine is stuck only when no counter moved for the recipe's
-  ``serving.progress_bound_s``; a long prefill or a full one-sequence engine keeps it busy, never restarted. Only an
-  idle engine (nothing running or queued, or no counters to read) gets the one-token completion probe (every
+  ``serving.progress_bound_s``; a long prefill or a full one-sequence engine keeps it busy, never restarted; so do
+  tokens served since the last reading when the gauges read nothing (short requests that come and go between
+  readings; a first reading is taken at start to compare with). Only an idle engine (nothing running or queued and
+  nothing served since the last reading, or no counters to read) gets the one-token completion probe (every
   `probe_every_s`, allowed `probe_timeout_s`), so the probe waits behind no one; a probe that times out while the
   counters moved meanwhile waited behind a request that arrived after the reading, and is not a wedge.
 
@@ -291,6 +293,10 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
     log = journal.path.with_suffix(".restart.log")
     journal.write("start", recipe=target.recipe.name, url=target.url,
                   nodes={n.name: n.role for n in target.nodes}, policy=policy.__dict__)
+    # A first reading for the first check to compare with: requests that come and go between two readings leave the
+    # scheduler's gauges at 0 at both, and only the moved token counters show the work (`ProgressWatch.judge`).
+    first, why = target.reading(policy.reading_timeout_s)
+    watch.judge(first, clock(), why)
     cycle = 0
     while max_cycles is None or cycle < max_cycles:
         cycle += 1
@@ -331,7 +337,10 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                     # Idle (or no counters): the probe waits behind no one, so no answer means a frozen engine...
                     last_probe = now
                     progressed, pdetail = target.progress(policy.probe_timeout_s)
-                    if not progressed:
+                    if progressed:
+                        # The probe's own token is no one's work: the next check compares with a reading after it.
+                        watch.rebase(target.reading(policy.reading_timeout_s)[0])
+                    else:
                         after, _ = target.reading(policy.reading_timeout_s)
                         if watch.moved_since(after):
                             # ...unless a request came in after the reading and the probe waited behind it.

@@ -79,12 +79,18 @@ def test_a_frozen_engine_is_restarted_by_the_deployed_supervisor():
 # that was only busy.
 BUSY_PROBE_TIMEOUT_S = 5
 BUSY_CLIENTS = 16  # 4 running (max_num_seqs) and 12 queued at any time
-# Checks of the supervisor under test, every one under the load: each reads the busy engine's counters, whose
-# /metrics answers late under this queue (seconds each on the 2-core host), and none may probe or restart. Three:
-# with --probe-every equal to --interval every check is due to probe, so a supervisor that judged the engine
-# anything but busy at any check would probe it behind the queue (journalled "probe-waited" when the counters moved
-# meanwhile, else a restart as "wedged").
-BUSY_CHECKS = 3
+# Checks of the supervisor under test: the first before the load, the others under it, BUSY_INTERVAL_S apart. Each
+# reads the busy engine's counters, whose /metrics answers late under this queue (seconds each on the 2-core host),
+# and none may restart. Every check is due to probe (--probe-every 2), so a check that does not judge the engine
+# busy probes it behind the queue: the probe times out and only the counters, moved meanwhile, keep that from a
+# restart as "wedged". On this host that can happen: the tiny model's engine finishes its four sequences' tokens in
+# bursts faster than the API server turns them into answers, so the queue waits in the API server, which the
+# scheduler's gauges do not count (readings of 0 running, 0 waiting, 2026-12-03); tokens served between two
+# readings then say busy (tests/unit/test_supervise.py). So the checks must see the load, and none may restart.
+BUSY_CHECKS = 5
+BUSY_INTERVAL_S = 20
+# Seconds the supervisor under test may take for its checks under the load (readings allowed 30 s each).
+BUSY_SUPERVISOR_S = 600
 
 
 def test_a_busy_engine_is_not_restarted(tmp_path):
@@ -112,18 +118,21 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
         payload = json.dumps(body)
         while not stop.is_set():
             conn = http.client.HTTPConnection("127.0.0.1", DV["ds4_port"], timeout=300)
-            conn.connect()
-            with held:
-                if stop.is_set():
-                    conn.close()
-                    return
-                conns.append(conn)
             try:
+                conn.connect()
+                with held:
+                    if stop.is_set():
+                        return
+                    conns.append(conn)
                 conn.request("POST", "/v1/completions", payload, {**headers, "Content-Type": "application/json"})
                 r = conn.getresponse()
                 text = r.read()
-            except (OSError, http.client.HTTPException):
-                return  # `leave` shut the connection
+            except (OSError, http.client.HTTPException) as exc:
+                if not stop.is_set():  # else `leave` shut the connection: the end, not a fault
+                    # A client that stopped loading unseen would leave the engine idle under test (an "idle" reading
+                    # that is no fault of the supervisor): it is named instead.
+                    errors.append(f"{time.monotonic() - t_load:.0f} s into the load: {type(exc).__name__}: {exc}")
+                return
             finally:
                 conn.close()
             if r.status != 200:
@@ -139,13 +148,29 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
                     with contextlib.suppress(OSError):  # closed meanwhile
                         sock.shutdown(socket.SHUT_RDWR)
 
+    # The supervisor under test starts before the load: under it, its start (Python, then ansible-inventory reading
+    # the inventory) took 4 to 10 minutes on the 2-core host (2026-12-03). Its first check sees the idle engine (and
+    # probes it); the load starts once that check is journalled, and the later checks, BUSY_INTERVAL_S apart, fall
+    # under it.
+    journal = tmp_path / "busy.jsonl"
+    sup = subprocess.Popen([str(VENV_BIN / "ds4deploy"), "supervise", "cpu", "--inventory",
+                            str(REPO / "ansible" / "inventories" / "local.yml"), "--interval", str(BUSY_INTERVAL_S),
+                            "--probe-every", "2", "--probe-timeout", str(BUSY_PROBE_TIMEOUT_S),
+                            "--journal", str(journal), "--cycles", str(BUSY_CHECKS)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while '"event": "engine"' not in (journal.read_text() if journal.is_file() else ""):
+        if sup.poll() is not None or time.monotonic() >= deadline:
+            sup.kill()
+            pytest.fail(f"the supervisor under test made no check within 300 s: {sup.communicate()[1][-2000:]}")
+        time.sleep(0.2)
     threads = [threading.Thread(target=client, daemon=True) for _ in range(BUSY_CLIENTS)]
+    t_load = time.monotonic()
     for t in threads:
         t.start()
-    journal = tmp_path / "busy.jsonl"
     try:
         # The queue fills: wait until the engine itself reports every sequence running and work waiting (its own
-        # /metrics on the loopback engine port), so the supervisor starts on a busy engine however slow the host.
+        # /metrics on the loopback engine port), however slow the host.
         engine = f"http://127.0.0.1:{DV['ds4_engine_port']}"
         deadline = time.monotonic() + 120
         while True:
@@ -157,18 +182,13 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
                 pass
             assert time.monotonic() < deadline, "the load never showed as running and waiting work on the engine"
             time.sleep(1)
-        sup = subprocess.Popen([str(VENV_BIN / "ds4deploy"), "supervise", "cpu", "--inventory",
-                                str(REPO / "ansible" / "inventories" / "local.yml"), "--interval", "2",
-                                "--probe-every", "2", "--probe-timeout", str(BUSY_PROBE_TIMEOUT_S),
-                                "--journal", str(journal), "--cycles", str(BUSY_CHECKS)], stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True)
         t0 = time.monotonic()
         waited = httpx.post(f"{url}/v1/completions", headers=headers, timeout=300,
                             json={"model": DV["ds4_served_name"], "prompt": "ping", "max_tokens": 1})
         waited_s = time.monotonic() - t0
         assert waited.status_code == 200
         assert waited_s > BUSY_PROBE_TIMEOUT_S, f"the load made a one-token request wait only {waited_s:.1f} s"
-        _out, err = sup.communicate(timeout=240)
+        _out, err = sup.communicate(timeout=BUSY_SUPERVISOR_S)
     finally:
         leave()
         for t in threads:
@@ -177,9 +197,8 @@ def test_a_busy_engine_is_not_restarted(tmp_path):
     assert sup.returncode == 0, err[-2000:]
     assert not errors, errors[:3]
     assert [e for e in events if e["event"] in ("failure", "restarted", "restart-failed")] == [], events
-    # It judged the engine busy from the engine's own counters at every check, and never probed it behind the queue.
-    assert [e["state"] for e in events if e["event"] == "engine"] == ["busy"], events
-    assert [e for e in events if e["event"] == "probe-waited"] == [], events
+    # It saw the load in the engine's own counters (BUSY_CHECKS above says why not at every check).
+    assert "busy" in [e["state"] for e in events if e["event"] == "engine"], events
     # The supervisor `make deploy` started watched the same load with the default policy: no restart either.
     deployed = [e for e in _events(seen_deployed) if e["event"] in ("failure", "restarted", "restart-failed")]
     assert deployed == [], deployed

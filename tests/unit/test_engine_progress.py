@@ -72,6 +72,20 @@ def test_idle_busy_and_stalled_on_a_clock():
     assert w.judge(_r(0, 1), now=500).state == "idle"  # nothing to do is never stuck, however long
 
 
+def test_tokens_served_between_two_idle_readings_are_busy():
+    """0 running, 0 waiting at both readings but tokens served in between: busy; only the gauges changing (a
+    request finished, no token since) is not work."""
+    w = ProgressWatch(bound_s=100)
+    assert w.judge(_r(0, 5), now=0).state == "idle"
+    v = w.judge(_r(0, 9), now=10)
+    assert v.state == "busy" and "moved since the last" in v.detail
+    assert w.judge(_r(0, 9), now=20).state == "idle"  # nothing served since
+    w.judge(_r(1, 9), now=30)
+    assert w.judge(_r(0, 9), now=40).state == "idle"  # the running gauge fell, no token was served
+    assert w.judge(_r(0, 12), now=50).state == "busy"
+    assert w.judge(None, now=60).state == "busy"  # a late reading after such work: still busy within the bound
+
+
 def test_no_reading_is_unreadable_and_keeps_the_last():
     w = ProgressWatch(bound_s=100)
     assert w.judge(None, now=0, why="GET /metrics: ConnectError").state == "unreadable"  # nothing known yet

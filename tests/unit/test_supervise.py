@@ -379,14 +379,14 @@ def test_an_idle_engine_that_does_not_answer_its_probe_is_wedged(tmp_path):
 
 @dataclass
 class BusyAfterTheReading(FrozenWhileIdle):
-    """Idle at the reading, then a user's long request arrives first: the probe waits behind it and times out, but
-    the engine's counters moved meanwhile."""
+    """Idle at the reading (the supervisor's first reading at its start and its first check's), then a user's long
+    request arrives first: the probe waits behind it and times out, but the engine's counters moved meanwhile."""
 
     readings: int = 0
 
     def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
         self.readings += 1
-        return (IDLE if self.readings == 1 else Reading(1, 1, (("vllm:generation_tokens_total", 5.0 *
+        return (IDLE if self.readings <= 2 else Reading(1, 1, (("vllm:generation_tokens_total", 5.0 *
                                                                 self.readings),))), ""
 
 
@@ -423,3 +423,45 @@ def test_the_journal_never_records_a_secret_and_keeps_paths(tmp_path, capsys):
     written = (tmp_path / "sup.jsonl").read_text() + capsys.readouterr().out
     assert "hunter2pass" not in written and token not in written
     assert rec["incident"] == folder and rec["seconds"] == 3.5 and "mirror.example/health: 401" in rec["detail"]
+
+
+@dataclass
+class ComeAndGo(FrozenWhileIdle):
+    """Short requests that come and go between readings: the scheduler's gauges read 0 running, 0 waiting at every
+    reading while the token counters rise (the cpu stack under 16 clients, 2026-12-03). A probe would wait behind
+    them and time out."""
+
+    tokens: float = 0
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        self.tokens += 1024
+        return Reading(0, 0, (("vllm:generation_tokens_total", self.tokens), ("vllm:num_requests_running", 0.0))), ""
+
+
+def test_work_between_readings_is_busy_from_the_first_check(tmp_path):
+    group = ComeAndGo(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=5)
+    assert rc == 0 and group.restarts == [] and group.probes == 0
+    assert [e["state"] for e in events if e["event"] == "engine"] == ["busy"], events
+
+
+@dataclass
+class ProbeCounts(FrozenWhileIdle):
+    """An idle engine whose counters move only by the supervisor's own probes (one token each)."""
+
+    tokens: float = 0
+
+    def reading(self, timeout_s: float = 5) -> tuple[Reading | None, str]:
+        return Reading(0, 0, (("vllm:generation_tokens_total", self.tokens),)), ""
+
+    def progress(self, timeout_s: float) -> tuple[bool, str]:
+        self.probes += 1
+        self.tokens += 1
+        return True, "one-token completion in 0.01 s"
+
+
+def test_the_probe_s_own_token_is_not_work(tmp_path):
+    group = ProbeCounts(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=12)
+    assert rc == 0 and group.probes >= 3
+    assert [e["state"] for e in events if e["event"] == "engine"] == ["idle"], events
