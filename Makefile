@@ -147,12 +147,14 @@ $(PARSER_PINS): $(wildcard recipes/*.yaml) | $(ENGINE_VENV)/.pins
 
 # The Debian tools the unit tests run (installed when missing and root). tcpdump: the live packet-capture test of
 # tools/benchval/wire.py (skipped without it, or without root).
-unit-tools: ## tcpdump, nginx-light and promtool for the unit tests, when missing (root)
+unit-tools: ## tcpdump, nginx-light with njs and promtool for the unit tests, when missing (root)
 	@command -v tcpdump >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends tcpdump; }
-	@# nginx-light (the front door image's nginx, Debian bookworm): tests/unit/test_front_door.py runs the renders.
-	@[ -x /usr/sbin/nginx ] || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nginx-light; }
+	@# nginx-light and its njs module (the front door image's, Debian bookworm): tests/unit/test_front_door.py runs
+	@# the renders, tests/unit/test_gateway_tokens.py the gateway door's token counts (images/proxy/usage.js).
+	@[ -x /usr/sbin/nginx ] && [ -f /usr/lib/nginx/modules/ngx_http_js_module.so ] || [ "$$(id -u)" != 0 ] || { \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	  nginx-light libnginx-mod-http-js; }
 	@# promtool (Debian package prometheus): checks the documented scrape config (docs/monitoring/prometheus.yml).
 	@command -v promtool >/dev/null || [ "$$(id -u)" != 0 ] || { apt-get update -qq && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }

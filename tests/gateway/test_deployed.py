@@ -10,16 +10,16 @@ the recipe keeps them (mode 0600); `make status` shows it and `make down` remove
 supervisor stopped before.
 
 Proven here: the deploy placing the committed render byte for byte, `make status` listing every backend ready,
-backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models
-listed once across backends, 12 sessions x 3 turns each kept on one backend with both backends used, per-person keys
-as Bearer and as x-api-key, the person's key never reaching a backend, a revoked key refused at once while the
-others keep working, one JSON log line per request naming the person (no key, no body), `ds4deploy gateway usage`
-adding up to what the clients were answered, the client conformance matrix through the door judged as on the
-cpu-llamacpp stack (the backends run that recipe's argv), `ds4deploy gateway drain` / `rejoin` with streams in
-flight, the supervisor `make deploy` started recreating a gateway whose router froze (its containers still running,
-the door's /health failing) within the bound its Policy gives, evidence first, a killed backend's sessions moving
-on, and `make down` stopping the supervisor and saving the logs before it removes the gateway. The deploy's refusals
-are in test_make_deploy.py.
+backends accepting their own key and the gateway's (and no person's), routing by model name, /v1/models listed once
+across backends, 12 sessions x 3 turns each kept on one backend with both backends used, per-person keys as Bearer and
+as x-api-key, the person's key never reaching a backend, a revoked key refused at once while the others keep working,
+one JSON log line per request naming the person (no key, no body), `ds4deploy gateway usage` adding up to what the
+clients were answered (requests, bytes and the tokens the backends reported), the client conformance matrix through
+the door judged as on the cpu-llamacpp stack (the backends run that recipe's argv), `ds4deploy gateway drain` /
+`rejoin` with streams in flight, the supervisor `make deploy` started recreating a gateway whose router froze (its
+containers still running, the door's /health failing) within the bound its Policy gives, evidence first, a killed
+backend's sessions moving on, and `make down` stopping the supervisor and saving the logs before it removes the
+gateway. The deploy's refusals are in test_make_deploy.py.
 """
 
 from __future__ import annotations
@@ -278,40 +278,91 @@ def test_revoked_key_is_refused_at_once(office) -> None:
 
 
 def test_log_and_usage_add_up(office) -> None:
-    """Each person's requests, bytes out and backends in the front door's log (`ds4deploy gateway usage`) equal
-    what the clients sent and were answered, counted here on a fresh set of requests."""
+    """Each person's requests, bytes out, tokens and backends in the front door's log (`ds4deploy gateway usage`)
+    equal what the clients sent and were answered, counted here on a fresh set of requests: whole OpenAI answers,
+    an OpenAI stream with its usage chunk, Anthropic answers whole and streamed, and a count_tokens call (a prompt
+    counted, nothing served: no tokens)."""
     time.sleep(1.5)  # the access log is buffered for at most 1 s (flush=1s in the render): earlier tests' lines
     before = _usage(office)
     sent: Counter = Counter()
     body_bytes: Counter = Counter()
+    tokens: dict[str, Counter] = {"alice": Counter(), "carol": Counter()}
     for i in range(9):
         person = ("alice", "carol")[i % 2]
         r = chat(office, person, model=("office-tiny", "office-other")[i % 3 == 0])
         assert r.status_code == 200
         sent[person] += 1
         body_bytes[person] += len(r.content)
+        tokens[person].update({"in": r.json()["usage"]["prompt_tokens"], "out": r.json()["usage"]["completion_tokens"]})
+    streamed: Counter = Counter()  # bytes of streamed answers: nginx counts their chunked framing too
+    for person, (path, body) in itertools.product(("alice", "carol"), _USAGE_REQUESTS):
+        r = httpx.post(f"{office['url']}{path}", json=body, headers={"x-api-key": office["keys"][person]}, timeout=120)
+        assert r.status_code == 200, r.text[:300]
+        sent[person] += 1
+        (streamed if body.get("stream") else body_bytes)[person] += len(r.content)
+        tokens[person].update(_answered_tokens(path, body, r))
     time.sleep(1.5)
     after = _usage(office)
     for person in ("alice", "carol"):
-        assert after[person]["requests"] - before.get(person, {}).get("requests", 0) == sent[person]
-        assert after[person]["bytes_out"] - before.get(person, {}).get("bytes_out", 0) == body_bytes[person]
+        was = before.get(person, {})
+        assert after[person]["requests"] - was.get("requests", 0) == sent[person]
+        # $body_bytes_sent: a whole answer's body exactly; a stream's with its chunk sizes and line ends
+        framing = after[person]["bytes_out"] - was.get("bytes_out", 0) - body_bytes[person] - streamed[person]
+        assert 0 <= framing < 0.2 * streamed[person], (person, framing, body_bytes[person], streamed[person])
+        got = {"in": after[person]["tokens_in"] - was.get("tokens_in", 0),
+               "out": after[person]["tokens_out"] - was.get("tokens_out", 0)}
+        assert got == dict(tokens[person]) and got["in"] > 0 and got["out"] > 0, (person, got, tokens[person])
     logs = docker("logs", f"ds4-gw-{NAME}-front-door").stdout
     for key in (*office["keys"].values(), office["gw_key"]):
         assert key not in logs
     assert "hello from" not in logs
-    line = json.loads([ln for ln in logs.splitlines() if '"person":"carol"' in ln][-1])
+    line = json.loads([ln for ln in logs.splitlines() if '"person":"carol"' in ln and '"tokens_in":"' in ln
+                       and '"path":"/v1/chat/completions"' in ln][-1])
     assert line["path"] == "/v1/chat/completions" and line["backend"].startswith("http://127.0.0.1:181")
+
+
+# The requests beside the whole chat answers: an OpenAI stream that asks for its usage chunk, an Anthropic answer
+# whole and streamed, and an Anthropic count_tokens call (its input_tokens counts a prompt, nothing served).
+_MESSAGES = {"model": "office-tiny", "max_tokens": 4, "messages": [{"role": "user", "content": "count to three"}]}
+_USAGE_REQUESTS = (
+    ("/v1/chat/completions", {**_MESSAGES, "stream": True, "stream_options": {"include_usage": True}}),
+    ("/v1/messages", _MESSAGES),
+    ("/v1/messages", {**_MESSAGES, "stream": True}),
+    ("/v1/messages/count_tokens", {"model": "office-tiny", "messages": _MESSAGES["messages"]}),
+)
+
+
+def _answered_tokens(path: str, body: dict, r: httpx.Response) -> Counter:
+    """The prompt ("in") and generated ("out") tokens the client was told in the answer `r` (the largest count seen
+    in a stream: its later usage is cumulative); none for count_tokens."""
+    if path.endswith("/count_tokens"):
+        assert r.json()["input_tokens"] > 0
+        return Counter()
+    names = {"prompt_tokens": "in", "input_tokens": "in", "completion_tokens": "out", "output_tokens": "out"}
+    objs = ([json.loads(ln[6:]) for ln in r.text.splitlines() if ln.startswith("data: {")] if body.get("stream")
+            else [r.json()])
+    seen: Counter = Counter()
+    for obj in objs:
+        for usage in (obj.get("usage"), (obj.get("message") or {}).get("usage")):
+            for name, value in (usage or {}).items():
+                if name in names:
+                    seen[names[name]] = max(seen[names[name]], int(value))
+    assert seen["in"] > 0 and seen["out"] > 0, (path, body.get("stream"), r.text[-600:])
+    return seen
 
 
 def _usage(office) -> dict[str, dict[str, int]]:
     """`ds4deploy gateway usage <recipe>` parsed back from its table."""
     p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "usage", str(office["recipe"])],
                        capture_output=True, text=True, cwd=REPO, check=True)
+    header = p.stdout.splitlines()[0]
+    assert "tokens in" in header and "tokens out" in header, header
     out = {}
     for row in p.stdout.splitlines()[1:]:
         cols = row.split()
-        if len(cols) >= 6 and cols[1].isdigit():
-            out[cols[0]] = {"requests": int(cols[1]), "bytes_out": int(cols[4])}
+        if len(cols) >= 9 and cols[1].isdigit():
+            out[cols[0]] = {"requests": int(cols[1]), "bytes_out": int(cols[4]), "tokens_in": int(cols[5]),
+                            "tokens_out": int(cols[6])}
     return out
 
 

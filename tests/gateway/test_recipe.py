@@ -199,6 +199,7 @@ def test_nginx_accepts_the_front_door_config(tmp_path: Path) -> None:
     text = text.replace(gateway.CONTAINER_PEOPLE_DIR, str(maps)).replace("pid /run/nginx.pid;", f"pid {tmp_path}/p;")
     text = text.replace("listen 127.0.0.1:8030;", f"listen unix:{tmp_path}/s.sock;")
     text = text.replace("access_log /dev/stdout", f"access_log {tmp_path}/a.log")
+    text = text.replace("js_path /etc/nginx/njs/;", f"js_path {REPO}/images/proxy/;")  # usage.js, as in the image
     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
     (tmp_path / "nginx.conf").write_text(text)
@@ -291,6 +292,7 @@ def test_nginx_accepts_the_nginx_router_config(tmp_path: Path) -> None:
     text = text.replace(gateway.CONTAINER_PEOPLE_DIR, str(maps)).replace("pid /run/nginx.pid;", f"pid {tmp_path}/p;")
     text = text.replace(f"listen 127.0.0.1:{gw.port};", f"listen unix:{tmp_path}/s.sock;")
     text = text.replace("access_log /dev/stdout", f"access_log {tmp_path}/a.log")
+    text = text.replace("js_path /etc/nginx/njs/;", f"js_path {REPO}/images/proxy/;")  # usage.js, as in the image
     for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
     assert "office.lan" not in text and "unix:" in text

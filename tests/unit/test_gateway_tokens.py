@@ -1,0 +1,111 @@
+"""The gateway front door's token counts (images/proxy/usage.js), in the real nginx with the real njs module and the
+committed office gateway's rendered config: its router upstream is a local server that answers with real captured
+vLLM answers (tests/unit/fixtures/conformance), cut into 7-byte pieces so that field names and counts arrive split
+across the body filter's buffers. The access log's tokens_in / tokens_out must be the answers' own usage, and
+`ds4deploy.operate.gateway_usage` must sum them per person. The same path against real backends is
+tests/gateway/test_deployed.py::test_log_and_usage_add_up.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ds4deploy.operate.gateway_usage import usage
+from ds4deploy.render import gateway
+from ds4deploy.render.front_door import nginx_binary
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "unit" / "fixtures" / "conformance"
+KEY = "ds4p-" + "t" * 40
+JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")  # Debian's libnginx-mod-http-js (make unit-tools)
+
+# A whole chat answer (vLLM 0.32, usage 474 prompt / 117 generated tokens).
+WHOLE = (FIXTURES / "chat-args-nested.json").read_bytes()
+# A streamed Messages answer (vLLM 0.32): message_start says 357 input tokens, message_delta 13 output tokens.
+STREAM = b"".join(f"event: {json.loads(x)['type']}\ndata: {x}\n\n".encode()
+                  for x in (FIXTURES / "messages-tool-use-stream.jsonl").read_text().splitlines())
+# The whole answer with a usage field's name where it is no count: in generated text (JSON escapes its quotes) and
+# as the key of an object outside "usage" (as a tool call's input object in a whole Anthropic answer).
+QUOTED = WHOLE.replace(b'"content": ""', b'"content": "{\\"completion_tokens\\": 99999}", '
+                                       b'"input": {"completion_tokens": 99999, "prompt_tokens": 99999}', 1)
+ANSWERS = {
+    "/v1/chat/completions": (WHOLE, "474", "117"),
+    "/v1/messages": (STREAM, "357", "13"),
+    "/v1/messages/count_tokens": (b'{"input_tokens":357}', "", ""),  # a prompt counted, nothing served
+    "/v1/completions": (QUOTED, "474", "117"),
+}
+
+
+class Router(http.server.BaseHTTPRequestHandler):
+    """Answers POST <path> with `ANSWERS[path]`'s body, 7 bytes at a time (HTTP/1.0: the body ends at close)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        body = ANSWERS[self.path][0]
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if body is STREAM else "application/json")
+        self.end_headers()
+        for i in range(0, len(body), 7):
+            self.wfile.write(body[i:i + 7])
+            self.wfile.flush()
+            time.sleep(0.003)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def door(tmp_path: Path):
+    """The office gateway's front door in the host's nginx, its router upstream the `Router` above: its URL."""
+    nginx = nginx_binary()
+    if nginx is None or not JS_MODULE.is_file():
+        pytest.fail("nginx with the njs module is needed here: run `make unit-tools` (root)")
+    router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
+    threading.Thread(target=router.serve_forever, daemon=True).start()
+    gw = gateway.load_gateway("office")
+    maps = gateway.write_people_maps(gw, {"alice": KEY}, tmp_path / "people")
+    text = gateway.render(gw)["front-door.conf.template"]
+    for old, new in ((f"server 127.0.0.1:{gw.router_port};", f"server 127.0.0.1:{router.server_port};"),
+                     ("${VLLM_API_KEY}", "ds4-" + "g" * 40), ("${DS4_METRICS_KEY}", "ds4m-" + "m" * 40),
+                     (gateway.CONTAINER_PEOPLE_DIR, str(maps)), ("pid /run/nginx.pid;", f"pid {tmp_path}/p;"),
+                     (f"listen 127.0.0.1:{gw.port};", "listen 127.0.0.1:18199;"),
+                     ("access_log /dev/stdout", f"access_log {tmp_path}/a.log"),
+                     ("js_path /etc/nginx/njs/;", f"js_path {REPO}/images/proxy/;")):
+        assert old in text, old
+        text = text.replace(old, new)
+    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
+    (tmp_path / "nginx.conf").write_text(text)
+    cmd = [nginx, "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")]
+    # Daemonised: nginx's master keeps the inherited stdout and stderr, so they are not pipes (run would wait on them).
+    p = subprocess.run([*cmd, "-g", "daemon on;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    assert p.returncode == 0, (tmp_path / "e.log").read_text()
+    try:
+        yield "http://127.0.0.1:18199", tmp_path / "a.log"
+    finally:
+        subprocess.run([*cmd, "-s", "quit"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        router.shutdown()
+
+
+def test_the_log_carries_the_answers_token_counts(door) -> None:
+    url, log = door
+    for path, (body, _, _) in ANSWERS.items():
+        r = httpx.post(f"{url}{path}", json={"model": "ds4-tiny"}, headers={"x-api-key": KEY}, timeout=30)
+        assert r.status_code == 200 and r.content == body  # passed on unchanged
+    assert QUOTED.count(b"99999") == 3
+    deadline = time.monotonic() + 10
+    while len(log.read_text().splitlines()) < len(ANSWERS) and time.monotonic() < deadline:
+        time.sleep(0.2)  # the log is flushed every second (flush=1s)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    got = {x["path"]: (x["tokens_in"], x["tokens_out"]) for x in lines}
+    assert got == {path: (tin, tout) for path, (_, tin, tout) in ANSWERS.items()}, lines
+    alice = usage(log.read_text().splitlines()).people["alice"]
+    assert (alice.tokens_in, alice.tokens_out, alice.without_tokens) == (474 + 357 + 474, 117 + 13 + 117, 1)
