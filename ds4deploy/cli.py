@@ -723,7 +723,7 @@ def cmd_gateway_model_id(ns: argparse.Namespace) -> int:
 
 
 def cmd_gateway_usage(ns: argparse.Namespace) -> int:
-    """Per-person requests, bytes and seconds from a gateway front door's access log (--log FILE, '-' for stdin;
+    """Per-person requests, bytes, tokens and seconds from a gateway front door's access log (--log FILE, '-' for stdin;
     default: `docker logs` of the gateway's front door container)."""
     import subprocess
 
@@ -1169,7 +1169,7 @@ def build_parser() -> argparse.ArgumentParser:
     gm = gp.add_parser("model-id", help="the model identity of a recipe's manifest (a url backend's manifest_sha256)")
     gm.add_argument("recipe")
     gm.set_defaults(func=cmd_gateway_model_id)
-    gu = gp.add_parser("usage", help="per-person requests, bytes and seconds from the front door's access log")
+    gu = gp.add_parser("usage", help="per-person requests, bytes, tokens and seconds from the front door's access log")
     gu.add_argument("gateway")
     gu.add_argument("--log", help="an access log file ('-': stdin); default: docker logs of the front door")
     gu.set_defaults(func=cmd_gateway_usage)

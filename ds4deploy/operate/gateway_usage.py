@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 class PersonUsage:
     """One person's totals. Bytes are HTTP bytes as nginx counts them (``$request_length``: request line, headers
     and body; ``$body_bytes_sent``: response body); tokens are prompt (in) and generated (out) tokens as the backends
-    reported them, summed over the requests whose answer carried counts (`without_tokens`: the rest); seconds are
+    reported them, summed over the requests whose answer carried counts (`without_tokens`: the other answered
+    requests, status 2xx); seconds are
     wall seconds nginx spent on each request (``$request_time``, millisecond resolution), summed."""
 
     requests: int = 0
@@ -70,8 +71,8 @@ def usage(lines: Iterable[str]) -> Usage:
         if tin.isdigit() or tout.isdigit():
             u.tokens_in += int(tin) if tin.isdigit() else 0
             u.tokens_out += int(tout) if tout.isdigit() else 0
-        else:
-            u.without_tokens += 1
+        elif 200 <= status < 300:
+            u.without_tokens += 1  # answered, with no counts (a refusal is counted under refused or statuses)
         u.by_status[status] = u.by_status.get(status, 0) + 1
         backend = str(rec.get("backend") or "")
         if backend:

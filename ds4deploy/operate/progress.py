@@ -174,28 +174,22 @@ class ProgressWatch:
     bound_s: float
     last: Reading | None = None
     moved_at: float | None = None
-    last_busy: bool = False  # the last reading's verdict was busy
 
     def judge(self, reading: Reading | None, now: float, why: str = "") -> Verdict:
         """Record `reading` (None: the engine gave none, `why` says why) taken at `now` and judge it.
 
         With nothing running or queued but a work counter higher than at the last reading (`worked_between`):
-        ``busy``. No reading after a busy one whose work moved less than `bound_s` ago: ``busy`` still (a late
-        /metrics answer under load is not a wedge; the bound still applies, counted from that last movement)."""
+        ``busy``. No reading after one with work that moved less than `bound_s` ago: ``busy`` still (a late
+        /metrics answer under load is not a wedge; the bound still applies, counted from that last movement). No
+        reading after one with nothing running or queued: ``unreadable``, and the probe decides."""
         if reading is None:
             why = f" ({why})" if why else ""
-            if self.last is not None and self.last_busy and self.moved_at is not None:
+            if self.last is not None and self.last.load > 0 and self.moved_at is not None:
                 still = now - self.moved_at
                 if still < self.bound_s:
                     return Verdict("busy", f"no progress reading now{why}; {self.last.running:g} running, "
                                            f"{self.last.waiting:g} waiting and progress {still:.0f} s ago at the last")
             return Verdict("unreadable", f"no progress reading{why}")
-        verdict = self._judge(reading, now)
-        self.last_busy = verdict.state == "busy"
-        return verdict
-
-    def _judge(self, reading: Reading, now: float) -> Verdict:
-        """`judge` of a reading."""
         worked = self.last is not None and worked_between(self.last, reading)
         if self.last is None or reading.fingerprint != self.last.fingerprint:
             self.moved_at = now
@@ -218,13 +212,16 @@ class ProgressWatch:
                                       f"(bound {self.bound_s:g} s)")
         return Verdict("busy", f"{work}, last progress {still:.0f} s ago")
 
-    def rebase(self, reading: Reading | None) -> None:
-        """Take `reading` as the last one without judging it: after the supervisor's own probe, whose one token
-        would otherwise count as work at the next check. None (no reading) changes nothing."""
+    def rebase(self, reading: Reading | None, now: float) -> None:
+        """Take `reading`, taken at `now`, as the last one without judging it: after the supervisor's own probe,
+        whose one token would otherwise count as work at the next check. None (no reading) changes nothing."""
         if reading is not None:
+            if self.last is None or self.moved_at is None or reading.fingerprint != self.last.fingerprint:
+                self.moved_at = now
             self.last = reading
 
     def moved_since(self, reading: Reading | None) -> bool:
-        """True when `reading` differs from the last judged one: the engine did some work in between (a probe that
-        timed out meanwhile waited behind someone else's request, it did not hit a frozen engine)."""
+        """True when `reading` differs from the last one (judged, or taken by `rebase`): the engine did some work in
+        between (a probe that timed out meanwhile waited behind someone else's request, it did not hit a frozen
+        engine)."""
         return reading is not None and self.last is not None and reading.fingerprint != self.last.fingerprint

@@ -295,6 +295,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                   nodes={n.name: n.role for n in target.nodes}, policy=policy.__dict__)
     # A first reading for the first check to compare with: requests that come and go between two readings leave the
     # scheduler's gauges at 0 at both, and only the moved token counters show the work (`ProgressWatch.judge`).
+    # After a restart the new engine's counters start from zero: its first check has nothing to compare with.
     first, why = target.reading(policy.reading_timeout_s)
     watch.judge(first, clock(), why)
     cycle = 0
@@ -339,7 +340,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                     progressed, pdetail = target.progress(policy.probe_timeout_s)
                     if progressed:
                         # The probe's own token is no one's work: the next check compares with a reading after it.
-                        watch.rebase(target.reading(policy.reading_timeout_s)[0])
+                        watch.rebase(target.reading(policy.reading_timeout_s)[0], clock())
                     else:
                         after, _ = target.reading(policy.reading_timeout_s)
                         if watch.moved_since(after):

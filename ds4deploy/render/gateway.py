@@ -249,7 +249,9 @@ def parse_people_keys(gw: GatewayRecipe, text: str, where: str) -> dict[str, str
             # Never quoted: a line written the wrong way round ('<key> <person>') would put the key in the message.
             problems.append(f"line {n}: its first field looks like a key; the format is '<person> <key>'")
         elif person not in listed:
-            problems.append(f"line {n} names '{person}', who is not in the recipe's people")
+            # Not quoted either: a key the wrong way round that fails KEY_RE (too short, other characters) lands here.
+            problems.append(f"line {n} names a person who is not in the recipe's people "
+                            f"({', '.join(sorted(listed))})")
         elif person in keys:
             problems.append(f"line {n} gives '{person}' a second key")
         elif not KEY_RE.match(key):

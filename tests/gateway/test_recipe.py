@@ -156,7 +156,7 @@ def test_one_key_for_two_people_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "mode", "words"), [
     (f"alice {KEY_A}\n", 0o644, ("readable or writable by group or others", "chmod 600")),
-    (f"mallory {KEY_A}\n", 0o600, ("'mallory', who is not in the recipe's people",)),
+    (f"mallory {KEY_A}\n", 0o600, ("line 1 names a person who is not in the recipe's people (alice, bob, carol)",)),
     ("alice short-key\n", 0o600, ("not 32 or more",)),
     (f"alice {KEY_A} extra\n", 0o600, ("line 1 is not '<person> <key>'",)),
 ])
@@ -171,6 +171,11 @@ def test_a_line_written_key_first_is_refused_without_quoting_the_key(tmp_path: P
     p = cli("gateway", "keys", "office", "--people-file", str(path), "--dest", str(tmp_path / "maps"))
     refused(p, "line 1: its first field looks like a key")
     assert KEY_B not in p.stderr and "ds4p-" not in p.stderr
+    # A key too short to look like one, the wrong way round: refused as an unknown person, still not quoted.
+    path = people_file(tmp_path, "s3cret-but-short alice\n")
+    p = cli("gateway", "keys", "office", "--people-file", str(path), "--dest", str(tmp_path / "maps"))
+    refused(p, "line 1 names a person who is not in the recipe's people")
+    assert "s3cret" not in p.stderr
 
 
 def test_an_unreadable_people_file_and_log_are_one_message(tmp_path: Path) -> None:

@@ -83,7 +83,19 @@ def test_tokens_served_between_two_idle_readings_are_busy():
     w.judge(_r(1, 9), now=30)
     assert w.judge(_r(0, 9), now=40).state == "idle"  # the running gauge fell, no token was served
     assert w.judge(_r(0, 12), now=50).state == "busy"
-    assert w.judge(None, now=60).state == "busy"  # a late reading after such work: still busy within the bound
+    # No reading after such work: the probe decides (a wedge shows as /metrics not answering on llama-server)
+    assert w.judge(None, now=60).state == "unreadable"
+
+
+def test_a_reading_taken_after_the_probe_is_a_start_to_judge_from():
+    """`rebase` on a watch that judged nothing yet (no reading at start, none at the check, then the probe answered
+    and a reading came): the next, unchanged reading is judged idle."""
+    w = ProgressWatch(bound_s=100)
+    assert w.judge(None, now=0).state == "unreadable"
+    w.rebase(_r(0, 7), now=5)
+    assert w.judge(_r(0, 7), now=15).state == "idle"
+    w.rebase(None, now=20)  # no reading: nothing changes
+    assert w.judge(_r(0, 8), now=25).state == "busy"
 
 
 def test_no_reading_is_unreadable_and_keeps_the_last():

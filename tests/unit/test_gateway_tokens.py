@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -35,26 +36,36 @@ STREAM = b"".join(f"event: {json.loads(x)['type']}\ndata: {x}\n\n".encode()
 # The whole answer with a usage field's name where it is no count: in generated text (JSON escapes its quotes) and
 # as the key of an object outside "usage" (as a tool call's input object in a whole Anthropic answer).
 QUOTED = WHOLE.replace(b'"content": ""', b'"content": "{\\"completion_tokens\\": 99999}", '
-                                       b'"input": {"completion_tokens": 99999, "prompt_tokens": 99999}', 1)
+                                       b'"input": {"completion_tokens": 99999, "usage": {"prompt_tokens": 99999}}', 1)
+# path -> (answer, tokens_in and tokens_out the log must show, bytes per piece: 3 cuts "usage" over three buffers)
 ANSWERS = {
-    "/v1/chat/completions": (WHOLE, "474", "117"),
-    "/v1/messages": (STREAM, "357", "13"),
-    "/v1/messages/count_tokens": (b'{"input_tokens":357}', "", ""),  # a prompt counted, nothing served
-    "/v1/completions": (QUOTED, "474", "117"),
+    "/v1/chat/completions": (WHOLE, "474", "117", 3),
+    "/v1/messages": (STREAM, "357", "13", 7),
+    "/v1/messages/count_tokens": (b'{"input_tokens":357}', "", "", 7),  # a prompt counted, nothing served
+    "/v1/completions": (QUOTED, "474", "117", 7),
 }
+# The streamed answer sent in two parts 1.5 s apart, to see that the door passes the first part on at once.
+PAUSE_S = 1.5
 
 
 class Router(http.server.BaseHTTPRequestHandler):
     """Answers POST <path> with `ANSWERS[path]`'s body, 7 bytes at a time (HTTP/1.0: the body ends at close)."""
 
     def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        body = ANSWERS[self.path][0]
+        request = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
+        body, _, _, piece = ANSWERS[self.path]
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream" if body is STREAM else "application/json")
         self.end_headers()
-        for i in range(0, len(body), 7):
-            self.wfile.write(body[i:i + 7])
+        if request.get("pause"):
+            first = body.index(b"\n\n") + 2
+            self.wfile.write(body[:first])
+            self.wfile.flush()
+            time.sleep(PAUSE_S)
+            self.wfile.write(body[first:])
+            return
+        for i in range(0, len(body), piece):
+            self.wfile.write(body[i:i + piece])
             self.wfile.flush()
             time.sleep(0.003)
 
@@ -70,13 +81,16 @@ def door(tmp_path: Path):
         pytest.fail("nginx with the njs module is needed here: run `make unit-tools` (root)")
     router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
     threading.Thread(target=router.serve_forever, daemon=True).start()
+    with socket.socket() as free:  # a free port for the door (the office recipe's may be in use)
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
     gw = gateway.load_gateway("office")
     maps = gateway.write_people_maps(gw, {"alice": KEY}, tmp_path / "people")
     text = gateway.render(gw)["front-door.conf.template"]
     for old, new in ((f"server 127.0.0.1:{gw.router_port};", f"server 127.0.0.1:{router.server_port};"),
                      ("${VLLM_API_KEY}", "ds4-" + "g" * 40), ("${DS4_METRICS_KEY}", "ds4m-" + "m" * 40),
                      (gateway.CONTAINER_PEOPLE_DIR, str(maps)), ("pid /run/nginx.pid;", f"pid {tmp_path}/p;"),
-                     (f"listen 127.0.0.1:{gw.port};", "listen 127.0.0.1:18199;"),
+                     (f"listen 127.0.0.1:{gw.port};", f"listen 127.0.0.1:{port};"),
                      ("access_log /dev/stdout", f"access_log {tmp_path}/a.log"),
                      ("js_path /etc/nginx/njs/;", f"js_path {REPO}/images/proxy/;")):
         assert old in text, old
@@ -89,7 +103,7 @@ def door(tmp_path: Path):
     p = subprocess.run([*cmd, "-g", "daemon on;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     assert p.returncode == 0, (tmp_path / "e.log").read_text()
     try:
-        yield "http://127.0.0.1:18199", tmp_path / "a.log"
+        yield f"http://127.0.0.1:{port}", tmp_path / "a.log"
     finally:
         subprocess.run([*cmd, "-s", "quit"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         router.shutdown()
@@ -97,7 +111,7 @@ def door(tmp_path: Path):
 
 def test_the_log_carries_the_answers_token_counts(door) -> None:
     url, log = door
-    for path, (body, _, _) in ANSWERS.items():
+    for path, (body, _, _, _) in ANSWERS.items():
         r = httpx.post(f"{url}{path}", json={"model": "ds4-tiny"}, headers={"x-api-key": KEY}, timeout=30)
         assert r.status_code == 200 and r.content == body  # passed on unchanged
     assert QUOTED.count(b"99999") == 3
@@ -106,6 +120,25 @@ def test_the_log_carries_the_answers_token_counts(door) -> None:
         time.sleep(0.2)  # the log is flushed every second (flush=1s)
     lines = [json.loads(x) for x in log.read_text().splitlines()]
     got = {x["path"]: (x["tokens_in"], x["tokens_out"]) for x in lines}
-    assert got == {path: (tin, tout) for path, (_, tin, tout) in ANSWERS.items()}, lines
+    assert got == {path: (tin, tout) for path, (_, tin, tout, _) in ANSWERS.items()}, lines
     alice = usage(log.read_text().splitlines()).people["alice"]
     assert (alice.tokens_in, alice.tokens_out, alice.without_tokens) == (474 + 357 + 474, 117 + 13 + 117, 1)
+
+
+def test_a_stream_is_passed_on_as_it_comes(door) -> None:
+    """The body filter holds nothing back: the first event of a stream reaches the client while the router is still
+    pausing before the rest, and the counts are read all the same."""
+    url, log = door
+    t0 = time.monotonic()
+    with httpx.stream("POST", f"{url}/v1/messages", json={"pause": True}, headers={"x-api-key": KEY},
+                      timeout=30) as r:
+        chunks = r.iter_bytes()
+        first = next(chunks)
+        first_s = time.monotonic() - t0
+        rest = b"".join(chunks)
+    assert first_s < PAUSE_S / 2 and (first + rest) == STREAM, first_s
+    deadline = time.monotonic() + 10
+    while not log.read_text().strip() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    line = json.loads(log.read_text().splitlines()[-1])
+    assert (line["tokens_in"], line["tokens_out"]) == ("357", "13"), line
