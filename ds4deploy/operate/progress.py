@@ -191,9 +191,7 @@ class ProgressWatch:
                                            f"{self.last.waiting:g} waiting and progress {still:.0f} s ago at the last")
             return Verdict("unreadable", f"no progress reading{why}")
         worked = self.last is not None and worked_between(self.last, reading)
-        if self.last is None or reading.fingerprint != self.last.fingerprint:
-            self.moved_at = now
-        self.last = reading
+        self._take(reading, now)
         assert self.moved_at is not None
         still = now - self.moved_at
         work = f"{reading.running:g} running, {reading.waiting:g} waiting"
@@ -216,9 +214,14 @@ class ProgressWatch:
         """Take `reading`, taken at `now`, as the last one without judging it: after the supervisor's own probe,
         whose one token would otherwise count as work at the next check. None (no reading) changes nothing."""
         if reading is not None:
-            if self.last is None or self.moved_at is None or reading.fingerprint != self.last.fingerprint:
-                self.moved_at = now
-            self.last = reading
+            self._take(reading, now)
+
+    def _take(self, reading: Reading, now: float) -> None:
+        """`reading`, taken at `now`, becomes the last one; the movement time is `now` when it differs from the one
+        before (or there was none)."""
+        if self.last is None or self.moved_at is None or reading.fingerprint != self.last.fingerprint:
+            self.moved_at = now
+        self.last = reading
 
     def moved_since(self, reading: Reading | None) -> bool:
         """True when `reading` differs from the last one (judged, or taken by `rebase`): the engine did some work in

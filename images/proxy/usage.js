@@ -38,11 +38,14 @@ var HOLD = 4096;
 var held = "";  // text from an unclosed "usage" on
 var edge = "";  // the last bytes of the previous buffer, for a "usage" cut between two buffers
 
+// Sets the counts of every complete usage object in `body`; returns where the last one ends (0: none).
 function count(r, body, stream) {
     var u;
     var m;
+    var end = 0;
     USAGE.lastIndex = 0;
     while ((u = USAGE.exec(body)) !== null) {
+        end = USAGE.lastIndex;
         COUNT.lastIndex = 0;
         while ((m = COUNT.exec(u[1])) !== null) {
             var name = FIELD[m[1]];
@@ -52,6 +55,7 @@ function count(r, body, stream) {
             }
         }
     }
+    return end;
 }
 
 function filter(r, data, flags) {
@@ -60,22 +64,14 @@ function filter(r, data, flags) {
         if (r.uri.slice(-13) === "/count_tokens") {
             return;
         }
-        var joined = held || edge;
         if (!held && data.indexOf(KEY) < 0 && (edge + data.slice(0, KEY.length).toString()).indexOf(KEY) < 0) {
             edge = (edge + data.slice(-(KEY.length - 1)).toString()).slice(-(KEY.length - 1));
             return;
         }
-        var text = joined + data.toString();
+        var text = (held || edge) + data.toString();
         var stream = String(r.headersOut["Content-Type"] || "").indexOf("text/event-stream") === 0;
-        count(r, text, stream);
         // Carry an unclosed usage object (one that starts after the last complete one) to the next buffer.
-        USAGE.lastIndex = 0;
-        var end = 0;
-        var u;
-        while ((u = USAGE.exec(text)) !== null) {
-            end = USAGE.lastIndex;
-        }
-        var open = text.indexOf(KEY, end);
+        var open = text.indexOf(KEY, count(r, text, stream));
         held = open >= 0 && text.length - open <= HOLD ? text.slice(open) : "";
         edge = held ? "" : text.slice(-(KEY.length - 1));
     } catch (e) {

@@ -15,6 +15,8 @@ import pytest
 import yaml
 
 from ds4deploy.render import gateway
+from tests.support.gateway_door import local_door_conf
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 OFFICE = REPO / "recipes" / "gateways" / "office.yaml"
@@ -197,19 +199,9 @@ def test_nginx_accepts_the_front_door_config(tmp_path: Path) -> None:
     nginx = nginx_binary()
     if nginx is None:
         pytest.skip("nginx is not installed here")
-    gw = gateway.load_gateway("office")
-    maps = gateway.write_people_maps(gw, {"alice": KEY_A}, tmp_path / "people")
-    text = gateway.render(gw)["front-door.conf.template"]
-    text = text.replace("${VLLM_API_KEY}", "ds4-" + "g" * 40).replace("${DS4_METRICS_KEY}", "ds4m-" + "m" * 40)
-    text = text.replace(gateway.CONTAINER_PEOPLE_DIR, str(maps)).replace("pid /run/nginx.pid;", f"pid {tmp_path}/p;")
-    text = text.replace("listen 127.0.0.1:8030;", f"listen unix:{tmp_path}/s.sock;")
-    text = text.replace("access_log /dev/stdout", f"access_log {tmp_path}/a.log")
-    text = text.replace("js_path /etc/nginx/njs/;", f"js_path {REPO}/images/proxy/;")  # usage.js, as in the image
-    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
-    (tmp_path / "nginx.conf").write_text(text)
-    p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c",
-                        str(tmp_path / "nginx.conf")], capture_output=True, text=True, check=False)
+    conf = local_door_conf(gateway.load_gateway("office"), {"alice": KEY_A}, tmp_path, f"unix:{tmp_path}/s.sock")
+    p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(conf)],
+                       capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr
 
 
@@ -288,31 +280,14 @@ def test_nginx_accepts_the_nginx_router_config(tmp_path: Path) -> None:
     nginx = nginx_binary()
     if nginx is None:
         pytest.skip("nginx is not installed here")
-    gw = gateway.load_gateway("office-nginx")
-    maps = gateway.write_people_maps(gw, {"alice": KEY_A}, tmp_path / "people")
-    text = gateway.render(gw)["front-door.conf.template"]
-    text = text.replace("server box-a.office.lan:", "server 127.0.0.1:").replace("server box-b.office.lan:",
-                                                                                 "server 127.0.0.2:")
-    text = text.replace("${VLLM_API_KEY}", "ds4-" + "g" * 40).replace("${DS4_METRICS_KEY}", "ds4m-" + "m" * 40)
-    text = text.replace(gateway.CONTAINER_PEOPLE_DIR, str(maps)).replace("pid /run/nginx.pid;", f"pid {tmp_path}/p;")
-    text = text.replace(f"listen 127.0.0.1:{gw.port};", f"listen unix:{tmp_path}/s.sock;")
-    text = text.replace("access_log /dev/stdout", f"access_log {tmp_path}/a.log")
-    text = text.replace("js_path /etc/nginx/njs/;", f"js_path {REPO}/images/proxy/;")  # usage.js, as in the image
-    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
-    assert "office.lan" not in text and "unix:" in text
-    (tmp_path / "nginx.conf").write_text(text)
-    p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c",
-                        str(tmp_path / "nginx.conf")], capture_output=True, text=True, check=False)
+    conf = local_door_conf(gateway.load_gateway("office-nginx"), {"alice": KEY_A}, tmp_path,
+                           f"unix:{tmp_path}/s.sock", (("server box-a.office.lan:", "server 127.0.0.1:"),
+                                                       ("server box-b.office.lan:", "server 127.0.0.2:")))
+    assert "office.lan" not in conf.read_text() and "unix:" in conf.read_text()
+    p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(conf)],
+                       capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr
 
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_drain_and_rejoin_refuse_bad_input_before_anything_changes(tmp_path: Path) -> None:
@@ -320,7 +295,7 @@ def test_drain_and_rejoin_refuse_bad_input_before_anything_changes(tmp_path: Pat
     no key printed. (Draining and rejoining a running gateway: tests/gateway/test_deployed.py.)"""
     key = "ds4-" + "k" * 40
     key_file = tmp_path / "gateway.env"
-    port = _free_port()
+    port = free_port()
     path = office(tmp_path, key_file=str(key_file), router_port=port)
     for verb in ("drain", "rejoin"):
         refused(cli("gateway", verb, str(path), "box-c"), "gateway 'office' has no backend 'box-c'",

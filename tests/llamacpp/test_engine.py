@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 from contextlib import contextmanager
@@ -24,6 +23,7 @@ import pytest
 
 from ds4deploy.engines.llamacpp import HEALTH_PATH, server_args
 from ds4deploy.recipe.load import all_recipes
+from tests.support.ports import free_port
 
 KEY = "ds4-engine-check-key"
 LOAD_TIMEOUT_S = 180
@@ -39,16 +39,11 @@ class EngineFailed(AssertionError):
     """llama-server did not come up; the message holds its log."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def check_argv(recipe) -> tuple[list[str], list[str]]:
     """The recipe's argv with this host's differences applied, and those differences named."""
     args, diffs = list(server_args(recipe)), []
-    port = _free_port()
+    port = free_port()
     i = args.index("--port")
     diffs.append(f"--port {args[i + 1]} -> {port} (a free port on the CI host)")
     args[i + 1] = str(port)

@@ -21,7 +21,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
@@ -38,6 +37,7 @@ from ds4deploy.model.tiny import TinyModelSpec, generate
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.recipe.load import load_recipe
 from tests.support.fault_proxy import FAULTS, fault_proxy, serve_in_thread, wrap_arguments
+from tests.support.ports import free_port
 from tests.support.real_clients import CLAUDE_RUN, recording, run_claude, run_llm
 from tests.unit.conftest import run_cli
 from tools.benchval.stack import wait_healthy
@@ -48,11 +48,6 @@ FIXTURES = Path(__file__).parent / "fixtures" / "conformance"
 FORCED = ("tools.required_one", "tools.required_several", "tools.named", "chat.guided_json", "messages.tool_named",
           "messages.tool_any", "args.", "messages.args.", "replay.openai.args_string", "replay.anthropic")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
@@ -82,7 +77,7 @@ def server(tmp_path_factory):
     key_file = d / "key.env"
     key_file.write_text(f"VLLM_API_KEY={key}\n")
     args = json.loads((REPO / "compose" / "cpu" / "engine-args.json").read_text())
-    port = _free_port()
+    port = free_port()
     for flag, value in (("--model", str(d / "model")), ("--host", "127.0.0.1"), ("--port", str(port))):
         args[args.index(flag) + 1] = value
     env = dict(os.environ, **engine_env(load_recipe("cpu")), VLLM_API_KEY=key)
@@ -186,7 +181,7 @@ def test_bad_input_exits_2_with_one_message(server, tmp_path):
     wrong = tmp_path / "wrong.env"
     wrong.write_text("VLLM_API_KEY=not-the-key\n")
     runs = {
-        "unreachable": (["--url", f"http://127.0.0.1:{_free_port()}", "--key-file", str(key_file)],
+        "unreachable": (["--url", f"http://127.0.0.1:{free_port()}", "--key-file", str(key_file)],
                         "cannot reach a server"),
         "wrong key": (["--url", url, "--key-file", str(wrong)], "refused the API key"),
         "no key": (["--url", url], "wants an API key"),
@@ -211,7 +206,7 @@ def test_a_bad_header_is_refused_before_any_request(tmp_path):
                      ("Authorization: Bearer k", "the key is not passed as a header"),
                      ("X-Api-Key: k", "the key is not passed as a header"),
                      ("x-session: a\r\nX-Injected: 1", "holds a line break")):
-        p = run_cli("conformance", "--url", f"http://127.0.0.1:{_free_port()}", "--header", bad,
+        p = run_cli("conformance", "--url", f"http://127.0.0.1:{free_port()}", "--header", bad,
                     "--out", str(tmp_path / "out"))
         assert p.returncode == 2 and msg in p.stderr, (bad, p.stderr)
         assert p.stderr.count("error:") == 1 and "Traceback" not in p.stderr and "k\n" not in p.stderr

@@ -25,6 +25,7 @@ import yaml
 from ds4deploy.recipe.load import all_recipes, load_recipe
 from ds4deploy.render import compose as render
 from ds4deploy.render import front_door
+from tests.support.ports import free_port
 from tests.unit.conftest import REPO
 
 KEY = "ds4-TestKey0123456789abcdefABCDEF"
@@ -33,11 +34,6 @@ GATEWAY_KEY = "ds4-GatewayKey0123456789abcdefABCD"
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
 needs_nginx = pytest.mark.skipif(not Path(NGINX).is_file(), reason="nginx not installed (make unit installs it)")
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def keyed(conf: str, listen: str, upstream: str, tmp: Path, recipe: str = "cpu") -> str:
@@ -114,7 +110,7 @@ def running_proxy(tmp: Path, recipe: str = "cpu", handler: type[BaseHTTPRequestH
     (base URL, nginx's process). Stopped with SIGTERM at the end unless the caller stopped it."""
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), handler or Echo)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    port = _free_port()
+    port = free_port()
     conf = tmp / "nginx.conf"
     template = render.render(load_recipe(recipe)).files[front_door.TEMPLATE_FILE]
     conf.write_text(keyed(template, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.server_port}", tmp, recipe))
@@ -157,7 +153,7 @@ def test_every_rendered_front_door_parses(recipe, tmp_path):
     conf = tmp_path / "nginx.conf"
     text = render.render(recipe).files[front_door.TEMPLATE_FILE]
     assert KEY not in text and "${VLLM_API_KEY}" in text
-    conf.write_text(keyed(text, f"127.0.0.1:{_free_port()}", "127.0.0.1:9", tmp_path))
+    conf.write_text(keyed(text, f"127.0.0.1:{free_port()}", "127.0.0.1:9", tmp_path))
     p = subprocess.run([NGINX, "-e", str(tmp_path / "error.log"), "-t", "-c", str(conf)], capture_output=True,
                        text=True, check=False)
     assert p.returncode == 0, p.stderr
@@ -317,7 +313,7 @@ def test_a_stream_arrives_live_through_an_outer_default_nginx(proxy, tmp_path):
     """Users put their own nginx in front, with its defaults (proxy_buffering on): the front door's
     X-Accel-Buffering: no on a streamed answer keeps that proxy from holding the events until the end."""
     url, _ = proxy
-    port = _free_port()
+    port = free_port()
     for d in ("client_body", "proxy"):
         (tmp_path / d).mkdir()
     conf = tmp_path / "outer.conf"
@@ -439,7 +435,7 @@ def entrypoint_proxy(tmp: Path, gateway_key: str | None, recipe: str = "cpu-llam
     the config the entrypoint wrote)."""
     upstream = ThreadingHTTPServer(("127.0.0.1", 0), Echo)
     threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    port = _free_port()
+    port = free_port()
     template = tmp / "front-door.conf.template"
     text = render.render(load_recipe(recipe)).files[front_door.TEMPLATE_FILE]
     template.write_text(localized(text, f"127.0.0.1:{port}", f"127.0.0.1:{upstream.server_port}", tmp, recipe))
@@ -615,7 +611,7 @@ def test_a_bridge_front_door_follows_a_recreated_engine(tmp_path):
     for s in (olds, news):
         threading.Thread(target=s.serve_forever, daemon=True).start()
     dns = TinyDNS("engine", "127.0.0.2")
-    listen = _free_port()
+    listen = free_port()
     conf = keyed(text, f"127.0.0.1:{listen}", "unused", tmp_path)
     conf = conf.replace(f"listen {front_door.listen(recipe)};", f"listen 127.0.0.1:{listen};")
     conf = conf.replace("resolver 127.0.0.11 valid=10s", f"resolver 127.0.0.1:{dns.port} valid=1s")

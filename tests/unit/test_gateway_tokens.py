@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import subprocess
 import threading
 import time
@@ -22,6 +21,8 @@ import pytest
 from ds4deploy.operate.gateway_usage import usage
 from ds4deploy.render import gateway
 from ds4deploy.render.front_door import nginx_binary
+from tests.support.gateway_door import local_door_conf
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "conformance"
@@ -81,24 +82,11 @@ def door(tmp_path: Path):
         pytest.fail("nginx with the njs module is needed here: run `make unit-tools` (root)")
     router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
     threading.Thread(target=router.serve_forever, daemon=True).start()
-    with socket.socket() as free:  # a free port for the door (the office recipe's may be in use)
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()  # the office recipe's own port may be in use
     gw = gateway.load_gateway("office")
-    maps = gateway.write_people_maps(gw, {"alice": KEY}, tmp_path / "people")
-    text = gateway.render(gw)["front-door.conf.template"]
-    for old, new in ((f"server 127.0.0.1:{gw.router_port};", f"server 127.0.0.1:{router.server_port};"),
-                     ("${VLLM_API_KEY}", "ds4-" + "g" * 40), ("${DS4_METRICS_KEY}", "ds4m-" + "m" * 40),
-                     (gateway.CONTAINER_PEOPLE_DIR, str(maps)), ("pid /run/nginx.pid;", f"pid {tmp_path}/p;"),
-                     (f"listen 127.0.0.1:{gw.port};", f"listen 127.0.0.1:{port};"),
-                     ("access_log /dev/stdout", f"access_log {tmp_path}/a.log"),
-                     ("js_path /etc/nginx/njs/;", f"js_path {REPO}/images/proxy/;")):
-        assert old in text, old
-        text = text.replace(old, new)
-    for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
-        text = text.replace("http {", f"http {{\n    {kind}_temp_path {tmp_path}/{kind};", 1)
-    (tmp_path / "nginx.conf").write_text(text)
-    cmd = [nginx, "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(tmp_path / "nginx.conf")]
+    conf = local_door_conf(gw, {"alice": KEY}, tmp_path, f"127.0.0.1:{port}",
+                           ((f"server 127.0.0.1:{gw.router_port};", f"server 127.0.0.1:{router.server_port};"),))
+    cmd = [nginx, "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(conf)]
     # Daemonised: nginx's master keeps the inherited stdout and stderr, so they are not pipes (run would wait on them).
     p = subprocess.run([*cmd, "-g", "daemon on;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     assert p.returncode == 0, (tmp_path / "e.log").read_text()
