@@ -173,8 +173,8 @@ def drain(gw: GatewayRecipe, name: str, force: bool = False) -> str:
         A one-line report.
     Raises:
         UserError: unknown backend; no key or a refused one; the router not running; the backend not in the pool
-            (drained already); the backend the last ready one of a model it serves (unless `force`), checked before
-            anything changes.
+            (drained already); the backend the last ready one of a model it serves whose fallback (the recipe's
+            ``fallback``) has no ready backend either (unless `force`), checked before anything changes.
     """
     backend = find_backend(gw, name)
     router = Router(gw, read_gateway_key(gw))
@@ -186,26 +186,30 @@ def drain(gw: GatewayRecipe, name: str, force: bool = False) -> str:
         raise UserError(f"backend '{name}' ({backend.url}) is not in the router's pool of gateway '{gw.name}' "
                         f"({why})",
                         f"`ds4deploy gateway rejoin {gw._source or gw.name} {name}` adds it back")
-    if not force:
-        ready = {w.url for w in pool if w.status == "ready" and w.url != backend.url}
-        others = {m: [b.name for b in resolve_backends(gw) if m in b.models and b.url in ready]
-                  for m in backend.models}
-        alone = sorted(m for m, names in others.items() if not names)
-        if alone:
-            raise UserError(f"backend '{name}' is the only ready backend of {', '.join(alone)}: draining it would "
-                            "fail every request for that model; nothing was changed",
-                            f"rejoin or start another backend of {', '.join(alone)} first, or pass --force to "
-                            "drain it anyway")
+    ready_after = {w.url for w in pool if w.status == "ready" and w.url != backend.url}
+    backends = resolve_backends(gw)
+
+    def served(model: str) -> bool:
+        return any(model in b.models and b.url in ready_after for b in backends)
+
+    alone = sorted(m for m in backend.models if not served(m))
+    # A model left without a backend whose fallback is served: its requests are answered under the fallback name.
+    fallen = {m: gw.fallback[m] for m in alone if m in gw.fallback and served(gw.fallback[m])}
+    unserved = [m for m in alone if m not in fallen]
+    if unserved and not force:
+        raise UserError(f"backend '{name}' is the only ready backend of {', '.join(unserved)}: draining it would "
+                        "fail every request for that model; nothing was changed",
+                        f"rejoin or start another backend of {', '.join(unserved)} first, or pass --force to "
+                        "drain it anyway")
     router.remove(mine)
     if not _wait(lambda: (w := router.worker(backend.url)) is None or w.status != "ready", DRAIN_WAIT_S):
         raise UserError(f"the router accepted the removal of '{name}' ({backend.url}) but still lists it as ready "
                         f"after {DRAIN_WAIT_S:g} s", "check the router's log (`docker logs "
                         f"{project_name(gw)}-router`) and `GET /workers`")
-    ready = {w.url for w in pool if w.status == "ready"}
-    others = [b.name for b in resolve_backends(gw)
-              if b.url != backend.url and b.url in ready and set(b.models) & set(backend.models)]
+    others = [b.name for b in backends if b.url in ready_after and set(b.models) & set(backend.models)]
+    fallback = "".join(f"; {m} is answered as its fallback {f}" for m, f in sorted(fallen.items()))
     return (f"drained '{name}' ({backend.url}) from gateway '{gw.name}': no new request goes to it, its sessions' "
-            f"next turns go to {', '.join(others) or 'no other backend'}, requests it is answering finish; "
+            f"next turns go to {', '.join(others) or 'no other backend'}{fallback}, requests it is answering finish; "
             f"`ds4deploy gateway rejoin {gw._source or gw.name} {name}` brings it back")
 
 

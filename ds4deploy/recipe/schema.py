@@ -1333,9 +1333,9 @@ class GatewayRecipe(Strict):
         min_length=1, description="the model names the gateway serves; each must be served by at least one backend")
     fallback: dict[Annotated[str, Field(pattern=MODEL_NAME_RE)], Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
         default_factory=dict,
-        description="model name -> the model name a request may be answered by when no backend of the first "
-                    "serves (both in models). Refused for now: SMG 1.13.0 cannot apply it (docs/gateway.md, "
-                    "\"Fallback model\")")
+        description="model name -> the model name a request for it is resent under when the router cannot answer "
+                    "it (no backend of the first serves or answers; both in models; one hop: the fallback has none "
+                    "of its own). The gateway's front door resends (docs/gateway.md, \"Fallback model\")")
     backends: list[GatewayBackend] = Field(min_length=1, description="the deployments behind the gateway")
     people: list[GatewayPerson] = Field(min_length=1, description="everyone who gets a key")
     people_key_file: NodePath = Field(
@@ -1382,6 +1382,10 @@ class GatewayRecipe(Strict):
         for src, dst in self.fallback.items():
             if src not in self.models or dst not in self.models or src == dst:
                 raise ValueError(f"fallback {src} -> {dst}: both must be other names listed in models")
+            if dst in self.fallback:
+                # The front door resends once (templates/gateway-front-door.conf.j2): a second hop would not run.
+                raise ValueError(f"fallback {src} -> {dst} -> {self.fallback[dst]}: one hop only; name the last "
+                                 f"model for {src} directly, or drop {dst}'s fallback")
         if self.people_key_file == self.key_file:
             raise ValueError("people_key_file and key_file must be two files")
         return self

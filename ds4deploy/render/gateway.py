@@ -76,8 +76,8 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
         The validated `GatewayRecipe`.
     Raises:
         UserError: missing file, YAML error, credentials in the file, schema problems (each with its key path,
-            value, line and what is allowed), a name that is also a stack recipe's, a ``fallback`` (the router cannot
-            apply it: docs/gateway.md, "Fallback model"), or a backend problem (`resolve_backends`).
+            value, line and what is allowed), a name that is also a stack recipe's, or a backend problem
+            (`resolve_backends`).
     """
     text = str(name_or_path)
     path = Path(text) if text.endswith((".yaml", ".yml")) or "/" in text else gateways_dir() / f"{text}.yaml"
@@ -114,15 +114,6 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
                         "cannot route by the body's model name",
                         "list one model name in models (and only backends serving it), run one nginx gateway per "
                         "model name on its own port, or set routing.router: smg, which routes by model name")
-    if gw.fallback:
-        # What the router cannot do is refused, not ignored: a recipe saying it would promise what no request gets.
-        pairs = ", ".join(f"{src} -> {dst}" for src, dst in sorted(gw.fallback.items()))
-        raise UserError(f"{path}: fallback ({pairs}) cannot be applied: SMG 1.13.0 has no fallback model (its "
-                        "--model-alias is dropped while a backend serves the name and does not come back when that "
-                        "backend is drained or dies), and the front door cannot resend a request under another "
-                        "model name",
-                        "remove fallback: and serve the model name from a second backend (the router then moves its "
-                        "sessions there); docs/gateway.md, \"Fallback model\", says why")
     resolve_backends(gw)
     return gw
 
@@ -342,6 +333,14 @@ def router_argv(gw: GatewayRecipe, backends: list[Backend]) -> list[str]:
 # model_gateway/src/server.rs), and the door would call them with the gateway key.
 CLIENT_ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
+# The router's answers to a request whose model has a fallback that make the front door resend it under the fallback
+# name (templates/gateway-front-door.conf.j2, images/proxy/fallback.js), seen from SMG 1.13.0 on this host
+# (docs/gateway.md, "Fallback model"): 404 model_not_found (no worker of the name: drained, or never registered),
+# 500 call_upstream_connection_failed (the worker it chose refused the connection: host or front door down), 502 and
+# 504 (that worker's front door: its engine not answering, or too late; also the door's own when the router is
+# down), 503 (unavailable). Each comes before any byte of an answer.
+FALLBACK_STATUSES = (404, 500, 502, 503, 504)
+
 
 def _front_door_conf(gw: GatewayRecipe, backends: list[Backend]) -> str:
     """The gateway front door's nginx config template (``${VLLM_API_KEY}`` and ``${DS4_METRICS_KEY}`` substituted
@@ -361,7 +360,8 @@ def _front_door_conf(gw: GatewayRecipe, backends: list[Backend]) -> str:
         backend_var="$upstream_addr" if nginx_router else "$upstream_http_x_smg_routed_worker_id",
         people_dir=CONTAINER_PEOPLE_DIR, session_var=session_var, errors=errors,
         anthropic_prefixes=front_door.ANTHROPIC_PREFIXES, request_errors=front_door.REQUEST_ERRORS,
-        client_routes=CLIENT_ROUTES)
+        client_routes=CLIENT_ROUTES, fallback_statuses=FALLBACK_STATUSES,
+        fallback_json=json.dumps(dict(sorted(gw.fallback.items())), separators=(",", ":")))
 
 
 def render(gw: GatewayRecipe) -> dict[str, str]:

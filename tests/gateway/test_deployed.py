@@ -59,6 +59,7 @@ from tools.gateway_rig import (
     docker,
     gateway_containers,
     make,
+    revive,
     write_secret,
 )
 
@@ -492,12 +493,13 @@ def test_drain_moves_sessions_and_rejoin_brings_the_backend_back(office) -> None
           f"{max(out['times'][-1] for out in streams) - t_drain:.1f} s after it")
     assert after > 0
     assert a not in _router_workers(office) or _router_workers(office)[a] == "draining"
-    # Bad input, each refused with nothing changed: drained already; the only backend of office-other.
+    # Bad input, each refused with nothing changed: drained already; the last ready backend of office-tiny (which
+    # has no fallback; office-other's, c, could go: test_fallback_model_answers_while_its_backend_is_away).
     p = _cli("gateway", "drain", recipe, "a")
     assert p.returncode == 2 and "is not in the router's pool" in p.stderr and "gateway rejoin" in p.stderr, p.stderr
-    p = _cli("gateway", "drain", recipe, "c")
-    assert p.returncode == 2 and "only ready backend of office-other" in p.stderr and "--force" in p.stderr, p.stderr
-    assert _router_workers(office)[office["backend_url"]["c"]] == "ready"
+    p = _cli("gateway", "drain", recipe, "b")
+    assert p.returncode == 2 and "only ready backend of office-tiny" in p.stderr and "--force" in p.stderr, p.stderr
+    assert _router_workers(office)[b] == "ready"
     assert "Traceback" not in p.stderr
 
     t0 = time.monotonic()
@@ -576,6 +578,54 @@ def test_the_supervisor_restarts_a_frozen_router(office) -> None:
         time.sleep(1)
     assert code == 200
     assert _cli("supervisor", "status", NAME).returncode == 0  # still watching
+
+
+def _other(office, path: str = "/v1/chat/completions", stream: bool = False) -> tuple[int, str | None, str | None]:
+    """One office-other request (carol's, as x-api-key): its status, the model the answer names (a stream's first
+    event) and the backend the router chose."""
+    body = {"model": "office-other", "max_tokens": 4, "messages": [{"role": "user", "content": "fall back?"}]}
+    body |= {"stream": True} if stream else {}
+    headers = {"x-api-key": office["keys"]["carol"], "x-claude-code-session-id": "fallback-session"}
+    with httpx.stream("POST", f"{office['url']}{path}", json=body, headers=headers, timeout=120) as r:
+        text = r.read().decode()
+    model = None
+    if r.status_code == 200:
+        first = next(ln[6:] for ln in text.splitlines() if ln.startswith("data: ")) if stream else text
+        model = json.loads(first).get("model") or json.loads(first).get("message", {}).get("model")
+    return r.status_code, model, r.headers.get("x-smg-routed-worker-id")
+
+
+def test_fallback_model_answers_while_its_backend_is_away(office) -> None:
+    """The recipe's fallback office-other -> office-tiny. office-other's one backend, c, answers it while it is in
+    the pool; drained (`ds4deploy gateway drain`, allowed without --force because the fallback is served), then
+    killed, office-other's requests (OpenAI whole and streamed, Anthropic streamed) are answered under office-tiny
+    by a or b with none failing, and the door's log line names the fallback; rejoined, then started again, c answers
+    office-other again."""
+    c = office["backend_url"]["c"]
+    tiny = {office["backend_url"]["a"], office["backend_url"]["b"]}
+    kinds = (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/messages", True))
+    assert _other(office) == (200, "office-other", c)
+    recipe = str(office["recipe"])
+    p = _cli("gateway", "drain", recipe, "c")
+    assert p.returncode == 0 and "office-other is answered as its fallback office-tiny" in p.stdout, p.stdout + p.stderr
+    drained = [_other(office, *k) for k in kinds]
+    assert all(s == 200 and m == "office-tiny" and w in tiny for s, m, w in drained), drained
+    assert _cli("gateway", "rejoin", recipe, "c").returncode == 0
+    assert _other(office) == (200, "office-other", c)
+    docker("kill", "ds4-gwtest-backend-c-front-door", "ds4-gwtest-backend-c")
+    dead = [_other(office, *k) for k in kinds]
+    assert all(s == 200 and m == "office-tiny" and w in tiny for s, m, w in dead), dead
+    time.sleep(1.5)  # the access log is flushed every second
+    lines = [json.loads(ln) for ln in docker("logs", f"ds4-gw-{NAME}-front-door").stdout.splitlines()
+             if '"fallback":"office-tiny"' in ln]
+    assert len(lines) >= 2 * len(kinds) and all(x["status"] == 200 and x["person"] == "carol" for x in lines), lines
+    t0 = time.monotonic()
+    revive("c")
+    deadline = time.monotonic() + 120
+    while (got := _other(office)) != (200, "office-other", c) and time.monotonic() < deadline:
+        time.sleep(2)
+    print(f"fallback: c answered office-other again {time.monotonic() - t0:.0f} s after its start ({got})")
+    assert got == (200, "office-other", c)
 
 
 def test_a_dead_backends_sessions_move_on(office) -> None:

@@ -192,14 +192,15 @@ def test_an_ipv6_bind_address_is_refused(tmp_path: Path) -> None:
     render_refused(office(tmp_path, bind_address="::1"), "bind_address")
 
 
-def test_nginx_accepts_the_front_door_config(tmp_path: Path) -> None:
+@pytest.mark.parametrize("name", ["office", "loopback"])  # loopback: with fallback pairs (fallback.js loaded)
+def test_nginx_accepts_the_front_door_config(tmp_path: Path, name: str) -> None:
     """nginx's own parser on the rendered config with real maps (the host's nginx, as the stacks' render check)."""
     from ds4deploy.render.front_door import nginx_binary
 
     nginx = nginx_binary()
     if nginx is None:
         pytest.skip("nginx is not installed here")
-    conf = local_door_conf(gateway.load_gateway("office"), {"alice": KEY_A}, tmp_path, f"unix:{tmp_path}/s.sock")
+    conf = local_door_conf(gateway.load_gateway(name), {"alice": KEY_A}, tmp_path, f"unix:{tmp_path}/s.sock")
     p = subprocess.run([nginx, "-t", "-q", "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(conf)],
                        capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr
@@ -247,13 +248,17 @@ def test_the_nginx_router_serves_one_model_name(tmp_path: Path) -> None:
     render_refused(path, "backend 'c' does not serve 'ds4-tiny'")
 
 
-def test_a_fallback_is_refused_not_ignored(tmp_path: Path) -> None:
-    """SMG 1.13.0 cannot apply `fallback:` (docs/gateway.md, "Fallback model"): a recipe naming one is refused with
-    the reason, rather than rendered into a gateway that silently does not fall back."""
-    path = office(tmp_path, models=["ds4-tiny", "ds4-tiny-b"], fallback={"ds4-tiny": "ds4-tiny-b"})
-    render_refused(path, "fallback (ds4-tiny -> ds4-tiny-b) cannot be applied", "--model-alias", "remove fallback:")
+def test_a_fallback_the_door_cannot_apply_is_refused(tmp_path: Path) -> None:
+    """`fallback:` pairs the door resends once (docs/gateway.md, "Fallback model"): a pair naming a model outside
+    `models` or the model itself, and a chain (a fallback with a fallback of its own: the second hop would never run),
+    are refused with the cause, nothing written. The committed loopback recipe's pair renders (its nginx -t and the
+    fresh-render check are below and in `make lint`)."""
     render_refused(office(tmp_path, fallback={"ds4-tiny": "other"}), "fallback ds4-tiny -> other",
                    "other names listed in models")
+    render_refused(office(tmp_path, fallback={"ds4-tiny": "ds4-tiny"}), "fallback ds4-tiny -> ds4-tiny")
+    render_refused(office(tmp_path, models=["ds4-tiny", "b", "c"], fallback={"ds4-tiny": "b", "b": "c"}),
+                   "fallback ds4-tiny -> b -> c: one hop only", "name the last model for ds4-tiny directly")
+    assert gateway.load_gateway("loopback").fallback == {"office-other": "office-tiny"}
 
 
 def test_a_gateway_named_like_a_stack_recipe_is_refused(tmp_path: Path) -> None:
