@@ -2,10 +2,11 @@
 
 The log is the front door's own: one JSON object per line, written by nginx with the ``ds4gw`` format of
 templates/gateway-front-door.conf.j2 (time, person, method, path, status, bytes_in, bytes_out, seconds, tokens_in,
-tokens_out, backend, session). Lines that are not such objects (nginx's own warnings on the same stream) are skipped
+tokens_out, fallback, backend, session). Lines that are not such objects (nginx's own warnings on the same stream) are skipped
 and counted. Tokens are the backend's own counts from its answer, read by the door as the answer passed
 (images/proxy/usage.js): empty in the line when the answer carried none (an OpenAI stream without
 ``stream_options.include_usage`` on vLLM, a refused or failed request, /v1/models); such requests are counted apart.
+A line whose ``fallback`` names a model was resent under the recipe's fallback name (images/proxy/fallback.js).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ class PersonUsage:
     """One person's totals. Bytes are HTTP bytes as nginx counts them (``$request_length``: request line, headers
     and body; ``$body_bytes_sent``: response body); tokens are prompt (in) and generated (out) tokens as the backends
     reported them, summed over the requests whose answer carried counts (`without_tokens`: the other answered
-    requests, status 2xx); seconds are
-    wall seconds nginx spent on each request (``$request_time``, millisecond resolution), summed."""
+    requests, status 2xx); `fell_back`: requests resent under their model's fallback name (the recipe's
+    ``fallback``); seconds are wall seconds nginx spent on each request (``$request_time``, millisecond
+    resolution), summed."""
 
     requests: int = 0
     refused: int = 0
@@ -30,6 +32,7 @@ class PersonUsage:
     tokens_in: int = 0
     tokens_out: int = 0
     without_tokens: int = 0
+    fell_back: int = 0
     seconds: float = 0.0
     by_status: dict[int, int] = field(default_factory=dict)
     by_backend: dict[str, int] = field(default_factory=dict)
@@ -73,6 +76,7 @@ def usage(lines: Iterable[str]) -> Usage:
             u.tokens_out += int(tout) if tout.isdigit() else 0
         elif 200 <= status < 300:
             u.without_tokens += 1  # answered, with no counts (a refusal is counted under refused or statuses)
+        u.fell_back += bool(rec.get("fallback"))
         u.by_status[status] = u.by_status.get(status, 0) + 1
         backend = str(rec.get("backend") or "")
         if backend:
@@ -83,13 +87,15 @@ def usage(lines: Iterable[str]) -> Usage:
 def table(u: Usage) -> str:
     """A plain-text table, one row per person (``(no key)`` for refused requests without a person's key)."""
     rows = [("person", "requests", "refused", "bytes in", "bytes out", "tokens in", "tokens out", "no tokens",
-             "seconds", "statuses")]
+             "fell back", "seconds", "statuses")]
     for person, p in sorted(u.people.items()):
         statuses = " ".join(f"{s}:{n}" for s, n in sorted(p.by_status.items()))
         rows.append((person or "(no key)", str(p.requests), str(p.refused), str(p.bytes_in), str(p.bytes_out),
-                     str(p.tokens_in), str(p.tokens_out), str(p.without_tokens), f"{p.seconds:.3f}", statuses))
+                     str(p.tokens_in), str(p.tokens_out), str(p.without_tokens), str(p.fell_back), f"{p.seconds:.3f}",
+                     statuses))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out.append("tokens: as the backends reported them in their answers; \"no tokens\": requests whose answer carried "
-               f"no counts (docs/gateway.md); {u.skipped_lines} non-request line(s) skipped")
+               f"no counts; \"fell back\": requests answered under their model's fallback name (docs/gateway.md); "
+               f"{u.skipped_lines} non-request line(s) skipped")
     return "\n".join(out)

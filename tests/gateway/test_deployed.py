@@ -357,13 +357,13 @@ def _usage(office) -> dict[str, dict[str, int]]:
     p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "usage", str(office["recipe"])],
                        capture_output=True, text=True, cwd=REPO, check=True)
     header = p.stdout.splitlines()[0]
-    assert "tokens in" in header and "tokens out" in header, header
+    assert "tokens in" in header and "tokens out" in header and "fell back" in header, header
     out = {}
     for row in p.stdout.splitlines()[1:]:
         cols = row.split()
         if len(cols) >= 9 and cols[1].isdigit():
             out[cols[0]] = {"requests": int(cols[1]), "bytes_out": int(cols[4]), "tokens_in": int(cols[5]),
-                            "tokens_out": int(cols[6])}
+                            "tokens_out": int(cols[6]), "fell_back": int(cols[8])}
     return out
 
 
@@ -604,6 +604,8 @@ def test_fallback_model_answers_while_its_backend_is_away(office) -> None:
     c = office["backend_url"]["c"]
     tiny = {office["backend_url"]["a"], office["backend_url"]["b"]}
     kinds = (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/messages", True))
+    time.sleep(1.5)  # the access log is flushed every second: earlier tests' lines
+    before = _usage(office).get("carol", {}).get("fell_back", 0)
     assert _other(office) == (200, "office-other", c)
     recipe = str(office["recipe"])
     p = _cli("gateway", "drain", recipe, "c")
@@ -619,6 +621,7 @@ def test_fallback_model_answers_while_its_backend_is_away(office) -> None:
     lines = [json.loads(ln) for ln in docker("logs", f"ds4-gw-{NAME}-front-door").stdout.splitlines()
              if '"fallback":"office-tiny"' in ln]
     assert len(lines) >= 2 * len(kinds) and all(x["status"] == 200 and x["person"] == "carol" for x in lines), lines
+    assert _usage(office)["carol"]["fell_back"] - before == 2 * len(kinds)
     t0 = time.monotonic()
     revive("c")
     deadline = time.monotonic() + 120

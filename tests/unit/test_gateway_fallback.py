@@ -2,7 +2,7 @@
 real nginx with the real njs module and the committed loopback gateway's rendered config (fallback office-other ->
 office-tiny): its router upstream is a local server standing in for SMG's answers as they were seen from SMG 1.13.0
 (docs/gateway.md, "Fallback model": 404 model_not_found, 500 call_upstream_connection_failed, a backend door's 502).
-The same path against the real router and backends is tests/gateway/test_deployed.py::test_fallback_model.
+`ds4deploy gateway usage` counts the resent requests per person. The same path against the real router and backends is tests/gateway/test_deployed.py::test_fallback_model.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import ClassVar
 import httpx
 import pytest
 
+from ds4deploy.operate.gateway_usage import usage
 from ds4deploy.render import gateway
 from ds4deploy.render.front_door import nginx_binary
 from tests.support.gateway_door import local_door_conf
@@ -127,6 +128,8 @@ def test_a_failed_request_is_resent_under_the_fallback_name(door, answer, path) 
     assert [s["model"] for s in Router.seen] == ["office-other", "office-tiny"]
     line = _log(log, 1)[-1]
     assert (line["status"], line["fallback"], line["person"], line["tokens_in"]) == (200, "office-tiny", "alice", "5")
+    alice = usage(log.read_text().splitlines()).people["alice"]
+    assert (alice.requests, alice.fell_back, alice.tokens_in) == (1, 1, 5)
 
 
 def test_an_answer_of_the_first_model_is_passed_on(door) -> None:
@@ -137,6 +140,7 @@ def test_an_answer_of_the_first_model_is_passed_on(door) -> None:
     assert (bad.status_code, bad.json()) == (400, FAILURES["400"][1])  # the engine's own error, not resent
     assert [s["model"] for s in Router.seen] == ["office-other", "office-other"]
     assert [x["fallback"] for x in _log(log, 2)] == ["", ""]
+    assert usage(log.read_text().splitlines()).people["alice"].fell_back == 0
 
 
 def test_a_model_without_fallback_gets_the_routers_answer(door) -> None:
