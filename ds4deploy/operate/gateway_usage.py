@@ -2,8 +2,8 @@
 
 The log is the front door's own: one JSON object per line, written by nginx with the ``ds4gw`` format of
 templates/gateway-front-door.conf.j2 (time, person, method, path, status, bytes_in, bytes_out, seconds, tokens_in,
-tokens_out, fallback, backend, session). Lines that are not such objects (nginx's own warnings on the same stream) are skipped
-and counted. Tokens are the backend's own counts from its answer, read by the door as the answer passed
+tokens_out, fallback, backend, session). Lines that are not such objects (nginx's own warnings on the same stream)
+are skipped and counted. Tokens are the backend's own counts from its answer, read by the door as the answer passed
 (images/proxy/usage.js): empty in the line when the answer carried none (an OpenAI stream without
 ``stream_options.include_usage`` on vLLM, a refused or failed request, /v1/models); such requests are counted apart.
 A line whose ``fallback`` names a model was resent under the recipe's fallback name (images/proxy/fallback.js).

@@ -2,7 +2,8 @@
 real nginx with the real njs module and the committed loopback gateway's rendered config (fallback office-other ->
 office-tiny): its router upstream is a local server standing in for SMG's answers as they were seen from SMG 1.13.0
 (docs/gateway.md, "Fallback model": 404 model_not_found, 500 call_upstream_connection_failed, a backend door's 502).
-`ds4deploy gateway usage` counts the resent requests per person. The same path against the real router and backends is tests/gateway/test_deployed.py::test_fallback_model.
+`ds4deploy gateway usage` counts the resent requests per person. The same path against the real router and
+backends: tests/gateway/test_deployed.py::test_fallback_model_answers_while_its_backend_is_away.
 """
 
 from __future__ import annotations
