@@ -173,8 +173,9 @@ def drain(gw: GatewayRecipe, name: str, force: bool = False) -> str:
         A one-line report.
     Raises:
         UserError: unknown backend; no key or a refused one; the router not running; the backend not in the pool
-            (drained already); the backend the last ready one of a model it serves whose fallback (the recipe's
-            ``fallback``) has no ready backend either (unless `force`), checked before anything changes.
+            (drained already); the backend the last ready one of a model it serves that has no fallback (the
+            recipe's ``fallback``), or whose fallback has no other ready backend (unless `force`), checked before
+            anything changes.
     """
     backend = find_backend(gw, name)
     router = Router(gw, read_gateway_key(gw))

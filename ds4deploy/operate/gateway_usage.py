@@ -96,6 +96,6 @@ def table(u: Usage) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     out = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     out.append("tokens: as the backends reported them in their answers; \"no tokens\": requests whose answer carried "
-               f"no counts; \"fell back\": requests answered under their model's fallback name (docs/gateway.md); "
+               f"no counts; \"fell back\": requests resent under their model's fallback name (docs/gateway.md); "
                f"{u.skipped_lines} non-request line(s) skipped")
     return "\n".join(out)

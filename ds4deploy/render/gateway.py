@@ -338,7 +338,8 @@ CLIENT_ROUTES = ("/v1/models", "/v1/chat/completions", "/v1/completions", "/v1/e
 # (docs/gateway.md, "Fallback model"): 404 model_not_found (no worker of the name: drained, or never registered),
 # 500 call_upstream_connection_failed (the worker it chose refused the connection: host or front door down), 502 and
 # 504 (that worker's front door: its engine not answering, or too late; also the door's own when the router is
-# down), 503 (unavailable). Each comes before any byte of an answer.
+# down), 503 (unavailable). Each comes before any byte of an answer. An engine's own 500 (llama-server answers one
+# for some requests it cannot handle) is resent too: the door does not read the answer it drops.
 FALLBACK_STATUSES = (404, 500, 502, 503, 504)
 
 

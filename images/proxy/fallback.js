@@ -20,7 +20,9 @@
 function target(r) {
     var pairs = JSON.parse(r.variables.ds4_fallback);
     var text = r.requestText;
-    if (!text) {
+    // Parse only a body that names a model with a fallback somewhere (a Claude Code body is often megabytes, and
+    // the door's one worker parses it while every other stream waits).
+    if (!text || !Object.keys(pairs).some(function (m) { return text.indexOf('"' + m + '"') >= 0; })) {
         return null;
     }
     var request = JSON.parse(text);
@@ -43,10 +45,14 @@ function route(r) {
 }
 
 function body(r) {
-    var found = target(r);
-    found.request.model = found.to;
-    r.variables.ds4_fallback_to = found.to;
-    return JSON.stringify(found.request);
+    try {
+        var found = target(r);
+        found.request.model = found.to;
+        r.variables.ds4_fallback_to = found.to;
+        return JSON.stringify(found.request);
+    } catch (e) {
+        return r.requestText;  // cannot happen after route() chose the fallback; never an empty body to the router
+    }
 }
 
 export default {route: route, body: body};

@@ -36,6 +36,10 @@ FAILURES = {
                             "param": None}}),
     "502": (502, {"error": {"message": "the engine behind the front door is not answering", "type": "server_error",
                             "param": None, "code": "engine_unavailable"}}),
+    "503": (503, {"error": {"type": "server_error", "code": "service_unavailable", "message": "unavailable",
+                            "param": None}}),
+    "504": (504, {"error": {"message": "the engine did not answer in time", "type": "server_error", "param": None,
+                            "code": "engine_timeout"}}),
     "400": (400, {"error": {"message": "max_tokens is too large", "type": "invalid_request_error", "param": None,
                             "code": 400}}),
 }
@@ -47,6 +51,7 @@ class Router(http.server.BaseHTTPRequestHandler):
     404; a body that is not JSON: 400."""
 
     seen: ClassVar[list[dict]] = []  # the requests it got, in order
+    keys: ClassVar[list[tuple]] = []  # (Authorization, X-Api-Key) of each
     server: ClassVar[http.server.ThreadingHTTPServer]  # set by the fixture
 
     def do_POST(self) -> None:
@@ -55,7 +60,9 @@ class Router(http.server.BaseHTTPRequestHandler):
             request = json.loads(raw)
         except ValueError:
             request = {}
+        request = request if isinstance(request, dict) else {}
         Router.seen.append(request)
+        Router.keys.append((self.headers.get("Authorization"), self.headers.get("X-Api-Key")))
         model = request.get("model")
         status, body = 200, {"model": model, "echo": request, "usage": {"prompt_tokens": 5, "completion_tokens": 2}}
         if not request:
@@ -98,6 +105,7 @@ def door(tmp_path: Path):
     p = subprocess.run([*cmd, "-g", "daemon on;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     assert p.returncode == 0, (tmp_path / "e.log").read_text()
     Router.seen.clear()
+    Router.keys.clear()
     try:
         yield f"http://127.0.0.1:{port}", tmp_path / "a.log"
     finally:
@@ -117,7 +125,7 @@ def _log(log: Path, n: int) -> list[dict]:
     return [json.loads(x) for x in log.read_text().splitlines()]
 
 
-@pytest.mark.parametrize("answer", ["404", "500", "502"])
+@pytest.mark.parametrize("answer", ["404", "500", "502", "503", "504"])
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages"])
 def test_a_failed_request_is_resent_under_the_fallback_name(door, answer, path) -> None:
     url, log = door
@@ -127,6 +135,8 @@ def test_a_failed_request_is_resent_under_the_fallback_name(door, answer, path) 
     assert r.json()["model"] == "office-tiny"
     assert r.json()["echo"] == body | {"model": "office-tiny"}  # the rest of the body as it was sent
     assert [s["model"] for s in Router.seen] == ["office-other", "office-tiny"]
+    # Both tries carry the gateway key (the door's), never the person's, in either header.
+    assert Router.keys == [("Bearer ds4-" + "g" * 40, None)] * 2, Router.keys
     line = _log(log, 1)[-1]
     assert (line["status"], line["fallback"], line["person"], line["tokens_in"]) == (200, "office-tiny", "alice", "5")
     alice = usage(log.read_text().splitlines()).people["alice"]
@@ -153,6 +163,21 @@ def test_a_model_without_fallback_gets_the_routers_answer(door) -> None:
     r = httpx.post(f"{url}/v1/chat/completions", content=b"not json", headers={"Authorization": f"Bearer {KEY}"})
     assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json")  # the router's answer, passed on
     assert [s.get("model") for s in Router.seen] == ["nosuch", "office-tiny", "nosuch", None]
+
+
+def test_a_large_body_falls_back_whole_and_odd_bodies_go_as_they_are(door) -> None:
+    """A body above the server's 1 MiB buffer is read in memory on the fallback routes and resent whole; bodies
+    that name no model with a fallback (empty, a JSON array, null) reach the router as sent, once."""
+    url, _ = door
+    long = {"model": "office-other", "messages": [{"role": "user", "content": "x" * (3 << 20)}]}
+    r = _post(url, "/v1/chat/completions", long, "404")
+    assert r.status_code == 200 and r.json()["echo"] == long | {"model": "office-tiny"}
+    Router.seen.clear()
+    for raw in (b"", b"[1]", b"null", b'["office-other"]'):
+        r = httpx.post(f"{url}/v1/chat/completions", content=raw, timeout=30,
+                       headers={"Authorization": f"Bearer {KEY}", "x-test-answer": "404"})
+        assert (r.status_code, r.json()["error"]["code"]) == (400, "invalid_json"), (raw, r.text)
+    assert Router.seen == [{}] * 4
 
 
 def test_a_stream_of_the_fallback_is_passed_on(door) -> None:
