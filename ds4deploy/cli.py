@@ -1177,7 +1177,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "the other backends of its model, running requests finish (run on the gateway host)")
     gd.add_argument("gateway")
     gd.add_argument("backend", help="the backend's name in the gateway recipe")
-    gd.add_argument("--force", action="store_true", help="drain it even when it is the last ready backend of a model that has no served fallback")
+    gd.add_argument("--force", action="store_true",
+                    help="drain it even when it is the last ready backend of a model that has no served fallback")
     gd.set_defaults(func=cmd_gateway_drain)
     gj = gp.add_parser("rejoin", help="add a drained backend back to the running gateway; waits until it is ready")
     gj.add_argument("gateway")
