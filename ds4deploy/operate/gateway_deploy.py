@@ -211,6 +211,8 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
             {"host": "127.0.0.1", "port": p, "service": gateway.ROUTER_SERVICE}
             for p in (gw.router_port, gw.router_metrics_port) if p is not None and gw.routing.router == "smg"],
         "ds4_gw_backends": [{"name": b.name, "url": b.url, "models": list(b.models)} for b in backends],
+        # model -> fallback model (the recipe's): `make status` says which is in use (roles/gateway/tasks/status.yml).
+        "ds4_gw_fallback": dict(sorted(gw.fallback.items())),
     }
 
 

@@ -147,6 +147,7 @@ def test_make_status_shows_the_door_and_every_backend_ready(office) -> None:
     assert "GET /health -> 200" in out, out
     for b, port in BACKEND_PORTS.items():
         assert f"{b} http://127.0.0.1:{port}: ready" in out, out
+    assert "fallback office-other -> office-tiny: standing by" in out, out
     assert f"ds4-gw-{NAME}-router" in out and f"ds4-gw-{NAME}-front-door" in out, out
     assert office["gw_key"] not in out
 
@@ -597,10 +598,11 @@ def _other(office, path: str = "/v1/chat/completions", stream: bool = False) -> 
 
 def test_fallback_model_answers_while_its_backend_is_away(office) -> None:
     """The recipe's fallback office-other -> office-tiny. office-other's one backend, c, answers it while it is in
-    the pool; drained (`ds4deploy gateway drain`, allowed without --force because the fallback is served), then
-    killed, office-other's requests (OpenAI whole and streamed, Anthropic streamed) are answered under office-tiny
-    by a or b with none failing, and the door's log line names the fallback; rejoined, then started again, c answers
-    office-other again."""
+    the pool; drained (`ds4deploy gateway drain`, allowed without --force because the fallback is served; `make
+    status` then says the fallback is in use), then killed, office-other's requests (OpenAI whole and streamed,
+    Anthropic streamed) are answered under office-tiny by a or b with none failing, the door's log line names the
+    fallback and `ds4deploy gateway usage` counts them; rejoined, then started again, c answers office-other
+    again."""
     c = office["backend_url"]["c"]
     tiny = {office["backend_url"]["a"], office["backend_url"]["b"]}
     kinds = (("/v1/chat/completions", False), ("/v1/chat/completions", True), ("/v1/messages", True))
@@ -612,6 +614,9 @@ def test_fallback_model_answers_while_its_backend_is_away(office) -> None:
     assert p.returncode == 0 and "office-other is answered as its fallback office-tiny" in p.stdout, p.stdout + p.stderr
     drained = [_other(office, *k) for k in kinds]
     assert all(s == 200 and m == "office-tiny" and w in tiny for s, m, w in drained), drained
+    status = make("status")
+    assert "fallback office-other -> office-tiny: in use (no ready backend of office-other" in status.stdout, (
+        status.stdout + status.stderr)
     assert _cli("gateway", "rejoin", recipe, "c").returncode == 0
     assert _other(office) == (200, "office-other", c)
     docker("kill", "ds4-gwtest-backend-c-front-door", "ds4-gwtest-backend-c")
