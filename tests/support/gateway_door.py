@@ -1,15 +1,25 @@
 """A gateway's rendered front door config made runnable by this host's nginx (Debian's nginx-light with
 libnginx-mod-http-js, `make unit-tools`): tests/gateway/test_recipe.py checks it with `nginx -t`,
-tests/unit/test_gateway_tokens.py serves with it."""
+tests/unit/test_gateway_tokens.py and test_gateway_fallback.py serve with it (`door_before`)."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
+import subprocess
+import threading
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from ds4deploy.recipe.schema import GatewayRecipe
 from ds4deploy.render import gateway
+from ds4deploy.render.front_door import nginx_binary
+from tests.support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
+JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")  # Debian's libnginx-mod-http-js (make unit-tools)
 
 
 def local_door_conf(gw: GatewayRecipe, keys: dict[str, str], tmp_path: Path, listen: str,
@@ -36,3 +46,34 @@ def local_door_conf(gw: GatewayRecipe, keys: dict[str, str], tmp_path: Path, lis
     path = tmp_path / "nginx.conf"
     path.write_text(text)
     return path
+
+
+@contextlib.contextmanager
+def door_before(gw: GatewayRecipe, router: type[http.server.BaseHTTPRequestHandler], keys: dict[str, str],
+                tmp_path: Path) -> Iterator[tuple[str, Path, http.server.ThreadingHTTPServer]]:
+    """`gw`'s front door (`local_door_conf`) served by this host's nginx on a free loopback port, its router upstream
+    a local server answering with `router`; both stopped on exit.
+
+    Yields:
+        (the door's URL, its access log's path, the router server).
+    Raises:
+        pytest.fail: no nginx with the njs module here (`make unit-tools` installs them); AssertionError: nginx did
+            not start (its error log quoted).
+    """
+    nginx = nginx_binary()
+    if nginx is None or not JS_MODULE.is_file():
+        pytest.fail("nginx with the njs module is needed here: run `make unit-tools` (root)")
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), router)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = free_port()  # the recipe's own port may be in use
+    conf = local_door_conf(gw, keys, tmp_path, f"127.0.0.1:{port}",
+                           ((f"server 127.0.0.1:{gw.router_port};", f"server 127.0.0.1:{server.server_port};"),))
+    cmd = [nginx, "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(conf)]
+    # Daemonised: nginx's master keeps the inherited stdout and stderr, so they are not pipes (run would wait on them).
+    p = subprocess.run([*cmd, "-g", "daemon on;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    assert p.returncode == 0, (tmp_path / "e.log").read_text()
+    try:
+        yield f"http://127.0.0.1:{port}", tmp_path / "a.log", server
+    finally:
+        subprocess.run([*cmd, "-s", "quit"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        server.shutdown()

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import ClassVar
@@ -21,12 +19,9 @@ import pytest
 
 from ds4deploy.operate.gateway_usage import usage
 from ds4deploy.render import gateway
-from ds4deploy.render.front_door import nginx_binary
-from tests.support.gateway_door import local_door_conf
-from tests.support.ports import free_port
+from tests.support.gateway_door import door_before
 
 KEY = "ds4p-" + "f" * 40
-JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")  # Debian's libnginx-mod-http-js (make unit-tools)
 # What the stand-in router answers for office-other, by the request's x-test-answer header: SMG's own bodies.
 FAILURES = {
     "404": (404, {"error": {"type": "invalid_request_error", "code": "model_not_found",
@@ -90,27 +85,13 @@ class Router(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def door(tmp_path: Path):
     """The loopback gateway's front door in the host's nginx, its router upstream the `Router` above: (URL, log)."""
-    nginx = nginx_binary()
-    if nginx is None or not JS_MODULE.is_file():
-        pytest.fail("nginx with the njs module is needed here: run `make unit-tools` (root)")
-    router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
-    Router.server = router
-    threading.Thread(target=router.serve_forever, daemon=True).start()
-    port = free_port()
     gw = gateway.load_gateway("loopback")
     assert gw.fallback == {"office-other": "office-tiny"}
-    conf = local_door_conf(gw, {"alice": KEY}, tmp_path, f"127.0.0.1:{port}",
-                           ((f"server 127.0.0.1:{gw.router_port};", f"server 127.0.0.1:{router.server_port};"),))
-    cmd = [nginx, "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(conf)]
-    p = subprocess.run([*cmd, "-g", "daemon on;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    assert p.returncode == 0, (tmp_path / "e.log").read_text()
     Router.seen.clear()
     Router.keys.clear()
-    try:
-        yield f"http://127.0.0.1:{port}", tmp_path / "a.log"
-    finally:
-        subprocess.run([*cmd, "-s", "quit"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        router.shutdown()
+    with door_before(gw, Router, {"alice": KEY}, tmp_path) as (url, log, server):
+        Router.server = server
+        yield url, log
 
 
 def _post(url: str, path: str, body: dict, answer: str | None = None) -> httpx.Response:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -20,14 +18,11 @@ import pytest
 
 from ds4deploy.operate.gateway_usage import usage
 from ds4deploy.render import gateway
-from ds4deploy.render.front_door import nginx_binary
-from tests.support.gateway_door import local_door_conf
-from tests.support.ports import free_port
+from tests.support.gateway_door import door_before
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "unit" / "fixtures" / "conformance"
 KEY = "ds4p-" + "t" * 40
-JS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")  # Debian's libnginx-mod-http-js (make unit-tools)
 
 # A whole chat answer (vLLM 0.32, usage 474 prompt / 117 generated tokens).
 WHOLE = (FIXTURES / "chat-args-nested.json").read_bytes()
@@ -76,25 +71,9 @@ class Router(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def door(tmp_path: Path):
-    """The office gateway's front door in the host's nginx, its router upstream the `Router` above: its URL."""
-    nginx = nginx_binary()
-    if nginx is None or not JS_MODULE.is_file():
-        pytest.fail("nginx with the njs module is needed here: run `make unit-tools` (root)")
-    router = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Router)
-    threading.Thread(target=router.serve_forever, daemon=True).start()
-    port = free_port()  # the office recipe's own port may be in use
-    gw = gateway.load_gateway("office")
-    conf = local_door_conf(gw, {"alice": KEY}, tmp_path, f"127.0.0.1:{port}",
-                           ((f"server 127.0.0.1:{gw.router_port};", f"server 127.0.0.1:{router.server_port};"),))
-    cmd = [nginx, "-e", str(tmp_path / "e.log"), "-p", f"{tmp_path}/", "-c", str(conf)]
-    # Daemonised: nginx's master keeps the inherited stdout and stderr, so they are not pipes (run would wait on them).
-    p = subprocess.run([*cmd, "-g", "daemon on;"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    assert p.returncode == 0, (tmp_path / "e.log").read_text()
-    try:
-        yield f"http://127.0.0.1:{port}", tmp_path / "a.log"
-    finally:
-        subprocess.run([*cmd, "-s", "quit"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        router.shutdown()
+    """The office gateway's front door in the host's nginx, its router upstream the `Router` above: (URL, log)."""
+    with door_before(gateway.load_gateway("office"), Router, {"alice": KEY}, tmp_path) as (url, log, _):
+        yield url, log
 
 
 def test_the_log_carries_the_answers_token_counts(door) -> None:
