@@ -20,7 +20,7 @@ PIP_SOURCE := $(if $(OFFLINE),--no-index --find-links $(abspath $(OFFLINE))/whee
 comma := ,
 VENV_EXTRAS := $(if $(OFFLINE),deploy,deploy$(comma)dev$(comma)validate)
 
-.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-gateway bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway multinode-beside-rehearse last-lanes unit-tools
+.PHONY: help venv deploy down status logs render lint lint-python lint-yaml lint-ansible lint-docker lint-shell lint-generated unit e2e test check-fast base-image bench-stack bench-gateway bench-verify estimate-backtest bench bench-harness bench-multinode soak bundle clean check test-hosts conformance conformance-parsers rehearse llamacpp e2e-llamacpp e2e-llamacpp-steps e2e-gateway e2e-office multinode-beside-rehearse last-lanes unit-tools
 
 help: ## this list (each target's own `##` comment)
 	@echo "ds4deploy: the two set-up commands are \`make deploy\` and \`make test\`."
@@ -224,15 +224,18 @@ multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/mult
 
 # `make test`'s last phase, after tests/multinode (the one tier that restarts the Docker daemon): `make llamacpp` (the
 # llamacpp-cpu image both llama.cpp lanes serve with) and the gateway's router image, each built once, then three
-# lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp: ports 8020/8021), `make e2e-gateway` (its backends on
-# 18121-18123, the gateway on 18140-18142; .cache/gateway.log) and tests/offline (the cpu recipe from a bundle on its
-# own ports, the engine-cpu image removed and loaded again, which no other lane runs; .cache/offline.log). None takes
-# a fingerprint of the host or restarts the Docker daemon; their stacks, key files, supervisors and incident folders
-# are their own. tests/offline blocks outbound network (iptables OUTPUT, all but loopback and the Docker bridges) for
-# its deploy: the other two need none once their images are built, which is why the images come first.
-last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps beside e2e-gateway beside tests/offline
+# lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp: ports 8020/8021) then `make e2e-office` (the same recipe's lan
+# variant on two stand-in hosts, which shares its key file, supervisor and incident folder: after it, never beside;
+# the office gateway on 8030-8032), `make e2e-gateway` (its backends on 18121-18123, the gateway on 18140-18142;
+# .cache/gateway.log) and tests/offline (the cpu recipe from a bundle on its own ports, the engine-cpu image removed
+# and loaded again, which no other lane runs; .cache/offline.log). None takes a fingerprint of the host or restarts
+# the Docker daemon; their stacks, key files, supervisors and incident folders are their own. tests/offline blocks
+# outbound network (iptables OUTPUT, all but loopback, the Docker bridges and the stand-in hosts' links) for its
+# deploy: the others need none once their images are built, which is why the images come first.
+last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps and e2e-office beside e2e-gateway beside tests/offline
 	@$(MAKE) --no-print-directory llamacpp && $(call TIER,gateway image) $(BIN)/ds4deploy gateway image >/dev/null
-	@tools/beside '$(MAKE) --no-print-directory e2e-llamacpp-steps' \
+	@tools/beside 'status=0; $(MAKE) --no-print-directory e2e-llamacpp-steps || status=$$?; \
+	    $(MAKE) --no-print-directory e2e-office || status=$$?; exit $$status' \
 	  'gateway=$(MAKE) --no-print-directory e2e-gateway' \
 	  'offline=$(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline'
 
@@ -291,6 +294,15 @@ e2e-llamacpp-steps: venv ## the steps of e2e-llamacpp, each timed, without the t
 # matrix alone varies 37-76 s between runs (docs/gateway.md).
 e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front of three real backends
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
+
+# The office of docs/gateway.md (tests/office): two stand-in hosts (the rehearsal's nodes: namespaces with Docker
+# daemons of their own, each linked to this machine as box-a/box-b.office.lan), `make deploy RECIPE=cpu-llamacpp--lan`
+# on both, `make deploy RECIPE=office` here in front of them, then status, sessions spread and kept, usage, a host's
+# stack killed (its sessions move on; its supervisor brings it back and the router takes it again), `make down` of
+# both. Root; needs the llamacpp-cpu image (`make llamacpp`), the front door image and the router image. Runs after
+# e2e-llamacpp-steps in `make test` (last-lanes), never beside it (one recipe: one key file, one supervisor).
+e2e-office: venv ## the office gateway in front of cpu-llamacpp--lan deployed on two stand-in hosts
+	@$(call TIER,e2e-office) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/office
 
 # The gateway's added TTFT and its memory: one real backend and two gateways over it (SMG, nginx router), started as
 # tests/gateway starts them (tools/gateway_rig.py), requests rotated straight and through each gateway ->

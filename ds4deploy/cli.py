@@ -530,7 +530,7 @@ def cmd_supervise(ns: argparse.Namespace) -> int:
     import signal
 
     from ds4deploy.operate.gateway_supervise import make_gateway_target
-    from ds4deploy.operate.supervisor import Journal, Policy, make_target, supervise
+    from ds4deploy.operate.supervisor import Journal, Policy, make_targets, supervise_all
     from ds4deploy.recipe.schema import GatewayRecipe
 
     # Ctrl-C / SIGINT stops it even when started from a shell that ignores SIGINT for background jobs (POSIX sh
@@ -544,9 +544,9 @@ def cmd_supervise(ns: argparse.Namespace) -> int:
                     probe_timeout_s=ns.probe_timeout, reading_timeout_s=ns.reading_timeout,
                     max_restarts=ns.max_restarts, window_s=ns.window, backoff_s=ns.backoff, progress_bound_s=bound)
     journal = Journal(Path(ns.journal or f"/var/lib/ds4deploy/supervise/{recipe.name}.jsonl"))
-    target = (make_gateway_target(recipe, Path(ns.inventory), ns.url) if gw
-              else make_target(recipe, Path(ns.inventory), ns.url))
-    return supervise(target, policy, journal, max_cycles=ns.cycles)
+    targets = ([make_gateway_target(recipe, Path(ns.inventory), ns.url)] if gw
+               else make_targets(recipe, Path(ns.inventory), ns.url, journal.path.with_suffix(".replicas")))
+    return supervise_all(targets, policy, journal, max_cycles=ns.cycles)
 
 
 def cmd_supervisor(ns: argparse.Namespace) -> int:

@@ -96,23 +96,26 @@ def backend_places(gw: GatewayRecipe, inv: Inventory) -> list[Where]:
     return out
 
 
-def running_containers(host: str, hostvars: dict, project: str) -> tuple[list[str] | None, str]:
-    """Names of the running containers of compose `project` on `host` (its daemon reached as the supervisor does),
-    or (None, why) when its Docker daemon did not answer."""
+def running_containers(host: str, hostvars: dict, project: str) -> tuple[dict[str, str] | None, str]:
+    """The running containers of compose `project` on `host` (its daemon reached as the supervisor does), each with
+    the recipe its render labels it with (``io.ds4deploy.recipe``, the recipe or variant deployed: variants share their
+    base's project), or (None, why) when its Docker daemon did not answer."""
     try:
         p = subprocess.run(["docker", "ps", "--filter", f"label=com.docker.compose.project={project}",
-                            "--filter", "status=running", "--format", "{{.Names}}"],
+                            "--filter", "status=running", "--format", '{{.Names}} {{.Label "io.ds4deploy.recipe"}}'],
                            capture_output=True, text=True, env=docker_env(host, hostvars), timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, str(exc)
     if p.returncode != 0:
         return None, p.stderr.strip()[:200]
-    return p.stdout.split(), ""
+    return dict(line.partition(" ")[::2] for line in p.stdout.splitlines() if line.strip()), ""
 
 
 def deployment_problems(gw: GatewayRecipe, inv: Inventory) -> list[str]:
     """A recipe backend whose host is not in the inventory, whose host's Docker does not answer, or whose recipe's
-    stack is not running there. Empty when every recipe backend is deployed where the gateway recipe says."""
+    stack is not running there (none of its compose project, or another variant of it: the base recipe where the
+    gateway names its lan variant listens on loopback only). Empty when every recipe backend is deployed where the
+    gateway recipe says."""
     problems = []
     for w in backend_places(gw, inv):
         if w.inventory_host is None:
@@ -120,13 +123,17 @@ def deployment_problems(gw: GatewayRecipe, inv: Inventory) -> list[str]:
                             "(the deploy reads that host to check the recipe is deployed there): add it to the "
                             "inventory, outside group 'gateway'")
             continue
-        names, why = running_containers(w.inventory_host, inv.hosts[w.inventory_host], w.project)
-        if names is None:
+        running, why = running_containers(w.inventory_host, inv.hosts[w.inventory_host], w.project)
+        deploy = (f"deploy it there first (`make deploy RECIPE={w.recipe} INVENTORY=<its inventory>`), or name the "
+                  "host it runs on")
+        if running is None:
             problems.append(f"backend '{w.backend}': Docker on {w.inventory_host} does not answer ({why})")
-        elif not names:
+        elif not running:
             problems.append(f"backend '{w.backend}': recipe '{w.recipe}' is not deployed on {w.inventory_host} (no "
-                            f"running container of compose project {w.project}): deploy it there first (`make "
-                            f"deploy RECIPE={w.recipe} INVENTORY=<its inventory>`), or name the host it runs on")
+                            f"running container of compose project {w.project}): {deploy}")
+        elif others := sorted({r for r in running.values() if r != w.recipe}):
+            problems.append(f"backend '{w.backend}': {w.inventory_host} runs recipe {', '.join(others)} in compose "
+                            f"project {w.project}, not '{w.recipe}' (a variant replaces its base there): {deploy}")
     return problems
 
 

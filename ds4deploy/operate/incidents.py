@@ -213,13 +213,18 @@ class Incident:
 
 
 def _new_dir(base: Path, now: float) -> Path:
+    """A new folder ``<base>/<UTC stamp>[-n]``: made, not only looked for, so two replicas' watches failing in the
+    same second (`ds4deploy.operate.supervisor.supervise_all`) each get their own."""
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
-    path, n = base / stamp, 1
-    while path.exists():
-        n += 1
-        path = base / f"{stamp}-{n}"
-    path.mkdir(parents=True)
-    return path
+    base.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        path = base / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            n += 1
 
 
 def prune(base: Path, keep: int) -> list[Path]:

@@ -41,6 +41,12 @@ restarting, the host is rebooting or unreachable), nothing can be restarted ther
 ``unreachable`` once, waits without spending its restart budget, records ``reachable`` when every node answers again,
 and only then judges the containers (a daemon restart counted as failed restarts used to exhaust the budget).
 
+Replicas on several hosts: a one-node recipe deployed to an inventory of several hosts runs one complete,
+independent stack on each (`ds4deploy.plan.nodes.plan`), e.g. the backends of a gateway. Each is watched on its own
+(`make_targets`: its own API, containers, progress counters and restart budget, in a thread of its own, every
+journal line naming its ``host``) and restarted alone, with the restart play run on an inventory of that host only:
+one replica's failure never stops the others, which keep serving their sessions.
+
 A gateway (recipes/gateways/) is watched by the same loop and policy through a target of its own:
 `ds4deploy.operate.gateway_supervise`.
 """
@@ -51,12 +57,15 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import yaml
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.secret_scan import redact_shapes
@@ -155,11 +164,14 @@ class Journal:
     detector's `redact_shapes` first (an error text can carry a URL with a password or an Authorization header)."""
 
     path: Path
+    # Written into every record after the event: {"host": <name>} for one replica's watch (`make_targets`).
+    context: dict = field(default_factory=dict)
 
     def write(self, event: str, **fields) -> dict:
-        """Append one record (time, event, `fields`) and print it; returns the record as written."""
+        """Append one record (time, event, the journal's `context`, `fields`) and print it; returns the record as
+        written. Safe from several threads (one append of one line each)."""
         rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "t": round(time.time(), 3),
-               "event": event, **fields}
+               "event": event, **self.context, **fields}
         line = redact_shapes(json.dumps(rec))
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a", encoding="utf-8") as fh:
@@ -248,16 +260,48 @@ def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
     return base_url(addr, recipe.serving.port)
 
 
-def make_target(recipe: Recipe, inventory: Path, url: str | None = None) -> Target:
-    """Plan the nodes from the inventory and find the head's URL and the API key.
+def make_targets(recipe: Recipe, inventory: Path, url: str | None = None,
+                 replica_dir: Path | None = None) -> list[Target]:
+    """What to watch: the node group (one `Target`), or for a one-node recipe deployed to several hosts one `Target`
+    per host (independent replicas, module docstring): that host's URL, its containers, and an inventory of that host
+    alone for its restart play (its variables as Ansible resolves them, written as ``<replica_dir>/<host>.yml``,
+    replaced at every start; a new temporary directory when `replica_dir` is None).
+
+    Raises:
+        UserError: as `make_target`; `url` given for replicas (each host has its own).
+    """
+    from ds4deploy.plan.inventory import read_inventory
+
+    hosts = read_inventory(inventory).hosts
+    nodes = plan_from_inventory(recipe, inventory)
+    if recipe.hardware.nodes > 1 or len(nodes) == 1:
+        return [make_target(recipe, inventory, url, hosts, nodes)]
+    if url is not None:
+        raise UserError(f"--url names one API, but recipe '{recipe.name}' runs a replica on each of "
+                        f"{len(nodes)} hosts ({', '.join(n.name for n in nodes)})",
+                        "leave out --url: each replica is watched at its own host's address")
+    here = replica_dir or Path(tempfile.mkdtemp(prefix=f"ds4-supervise-{recipe.base_name}-"))
+    here.mkdir(mode=0o700, parents=True, exist_ok=True)
+    out = []
+    for node in nodes:
+        one = here / f"{node.name}.yml"
+        one.write_text("---\n" + yaml.safe_dump({"all": {"hosts": {node.name: hosts[node.name]}}}, sort_keys=False))
+        out.append(make_target(recipe, one, None, {node.name: hosts[node.name]}, [node]))
+    return out
+
+
+def make_target(recipe: Recipe, inventory: Path, url: str | None = None, hosts: dict[str, dict] | None = None,
+                nodes: list[Node] | None = None) -> Target:
+    """Plan the nodes from the inventory (unless given with their `hosts`) and find the head's URL and the API key.
 
     Raises:
         UserError: the inventory does not fit the recipe; the key file is unreadable.
     """
     from ds4deploy.plan.inventory import read_inventory
 
-    hosts = read_inventory(inventory).hosts
-    nodes = plan_from_inventory(recipe, inventory)
+    if hosts is None or nodes is None:
+        hosts = read_inventory(inventory).hosts
+        nodes = plan_from_inventory(recipe, inventory)
     key = None
     if recipe.serving.auth.mode == "api_key":
         try:
@@ -267,6 +311,28 @@ def make_target(recipe: Recipe, inventory: Path, url: str | None = None) -> Targ
                             "run the supervisor as root on a host that holds the key (the head or the control host "
                             "of a local deployment)") from None
     return Target(recipe, inventory, nodes, url or head_url(recipe, nodes, hosts), key, hosts)
+
+
+def supervise_all(targets: list[Target], policy: Policy, journal: Journal, max_cycles: int | None = None) -> int:
+    """`supervise` each of `targets` (`make_targets`): one alone in this thread; replicas each in a thread of its own,
+    with the journal's records naming the host. Returns when every watch has ended (`max_cycles`; one that gave up
+    leaves the others watching): the highest exit code."""
+    if len(targets) == 1:
+        return supervise(targets[0], policy, journal, max_cycles=max_cycles)
+    codes: list[int] = []
+
+    def watch(t: Target) -> None:
+        codes.append(supervise(t, policy, Journal(journal.path, {**journal.context, "host": t.nodes[0].name}),
+                               max_cycles=max_cycles))
+
+    threads = [threading.Thread(target=watch, args=(t,), name=f"supervise-{t.nodes[0].name}", daemon=True)
+               for t in targets]
+    for th in threads:
+        th.start()
+    for th in threads:
+        while th.is_alive():  # a timed join: SIGINT (KeyboardInterrupt) reaches this thread in between
+            th.join(1.0)
+    return max(codes, default=0)
 
 
 def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int | None = None,

@@ -23,6 +23,7 @@ which rewrites the maps and reloads nginx gracefully (open streams finish on the
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import os
 import re
@@ -40,7 +41,7 @@ from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
 from ds4deploy.recipe.load import load_recipe, problem_lines
-from ds4deploy.recipe.schema import GatewayRecipe
+from ds4deploy.recipe.schema import VARIANT_SEP, GatewayRecipe
 from ds4deploy.render import front_door
 from ds4deploy.render.compose import COMPOSE_DIR
 
@@ -136,12 +137,24 @@ def manifest_identity(files: dict) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
+def _loopback_host(host: str) -> bool:
+    """True for ``localhost`` and a loopback address (127.0.0.0/8, ::1): the gateway's own host."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
     """Every backend's URL, model names and model identity; the checks that need the recipes.
 
     Raises:
-        UserError: a backend names a recipe that does not exist; two backends serve one model name with different
-            models (manifests differ); a model of ``models`` no backend serves. One message with every problem.
+        UserError: a backend names a recipe (or variant) that does not exist; a recipe backend on another host whose
+            recipe listens on loopback only (the gateway could never reach it); two backends serve one model name with
+            different models (manifests differ); a model of ``models`` no backend serves. One message with every
+            problem.
     """
     from ds4deploy.model.manifest import load_manifest, manifest_path
 
@@ -151,11 +164,24 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
             assert b.url is not None
             out.append(Backend(b.name, b.url, tuple(b.models), b.manifest_sha256 or f"url:{b.url}"))
             continue
-        if not (paths.RECIPES_DIR / f"{b.recipe}.yaml").is_file():
+        base = b.recipe if (paths.RECIPES_DIR / f"{b.recipe}.yaml").is_file() else b.recipe.split(VARIANT_SEP)[0]
+        if not (paths.RECIPES_DIR / f"{base}.yaml").is_file():
             known = ", ".join(sorted(p.stem for p in paths.RECIPES_DIR.glob("*.yaml")))
-            problems.append(f"backend '{b.name}' names recipe '{b.recipe}', which does not exist (recipes: {known})")
+            problems.append(f"backend '{b.name}' names recipe '{b.recipe}', which does not exist (recipes: {known}; "
+                            f"a variant is <recipe>{VARIANT_SEP}<variant>)")
             continue
-        r = load_recipe(b.recipe)
+        try:
+            r = load_recipe(b.recipe)
+        except UserError as exc:  # an unknown variant, or a recipe that does not validate
+            problems.append(f"backend '{b.name}': {exc.cause}")
+            continue
+        if ipaddress.ip_address(r.serving.bind_address).is_loopback and not _loopback_host(b.host or ""):
+            # The recipe's server answers on its own host's loopback only: from the gateway it is a refused
+            # connection on every request, which the deploy's probe would report only as "unreachable".
+            problems.append(f"backend '{b.name}': recipe '{b.recipe}' listens on {r.serving.bind_address} only "
+                            f"(serving.bind_address), so the gateway cannot reach it at {b.host}: deploy a recipe or "
+                            "variant that listens on an address of the office network (e.g. cpu-llamacpp--lan, "
+                            "0.0.0.0) and name it here, or run the gateway on that host with host: 127.0.0.1")
         ident = (manifest_identity(load_manifest(r)["files"]) if manifest_path(r).is_file()
                  else f"recipe:{r.base_name}")
         out.append(Backend(b.name, f"http://{b.host}:{r.serving.port}", (r.model.served_name, *r.model.aliases),

@@ -50,6 +50,7 @@ from ds4deploy.operate.gateway_supervise import GatewayTarget
 from ds4deploy.operate.incidents import INCIDENTS_ROOT
 from ds4deploy.operate.supervisor import Policy
 from ds4deploy.render import gateway
+from tests.support.gateway_usage import usage_table
 from tools.gateway_rig import (
     BACKEND_MODEL,
     BACKEND_PORTS,
@@ -354,18 +355,7 @@ def _answered_tokens(path: str, body: dict, r: httpx.Response) -> Counter:
 
 
 def _usage(office) -> dict[str, dict[str, int]]:
-    """`ds4deploy gateway usage <recipe>` parsed back from its table."""
-    p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "usage", str(office["recipe"])],
-                       capture_output=True, text=True, cwd=REPO, check=True)
-    header = p.stdout.splitlines()[0]
-    assert "tokens in" in header and "tokens out" in header and "fell back" in header, header
-    out = {}
-    for row in p.stdout.splitlines()[1:]:
-        cols = row.split()
-        if len(cols) >= 9 and cols[1].isdigit():
-            out[cols[0]] = {"requests": int(cols[1]), "bytes_out": int(cols[4]), "tokens_in": int(cols[5]),
-                            "tokens_out": int(cols[6]), "fell_back": int(cols[8])}
-    return out
+    return usage_table(str(office["recipe"]))
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:

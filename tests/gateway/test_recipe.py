@@ -95,10 +95,35 @@ def test_unknown_backend_recipe_is_refused(tmp_path: Path) -> None:
 
 def test_one_name_two_models_is_refused(tmp_path: Path) -> None:
     # cpu (a Qwen3-layout safetensors checkpoint) and cpu-llamacpp (a deepseek4 GGUF) both answer to ds4-tiny.
-    path = office(tmp_path, backends=[{"name": "vllm", "recipe": "cpu", "host": "a"},
-                                      {"name": "gguf", "recipe": "cpu-llamacpp", "host": "b"}])
+    # Both listen on loopback only: the gateway's own host (their ports differ: 8000, 8020).
+    path = office(tmp_path, backends=[{"name": "vllm", "recipe": "cpu", "host": "127.0.0.1"},
+                                      {"name": "gguf", "recipe": "cpu-llamacpp", "host": "localhost"}])
     render_refused(path,
                    "model name 'ds4-tiny' is served by backends with different models: vllm (", "gguf (")
+
+
+def test_a_loopback_recipe_on_another_host_is_refused(tmp_path: Path) -> None:
+    """cpu-llamacpp listens on 127.0.0.1 only: on box-a the gateway could never reach it (every request a refused
+    connection). On the gateway's own host (127.0.0.1) it is reachable; its lan variant is reachable anywhere."""
+    path = office(tmp_path, backends=[{"name": "box-a", "recipe": "cpu-llamacpp", "host": "box-a.office.lan"},
+                                      {"name": "box-b", "recipe": "cpu-llamacpp--lan", "host": "box-b.office.lan"}])
+    render_refused(path, "backend 'box-a': recipe 'cpu-llamacpp' listens on 127.0.0.1 only",
+                   "cannot reach it at box-a.office.lan", "cpu-llamacpp--lan")
+    p = cli("gateway", "render", str(path), compose_dir=tmp_path / "out")
+    assert "box-b" not in p.stderr, p.stderr
+    path = office(tmp_path, backends=[{"name": "here", "recipe": "cpu-llamacpp", "host": "127.0.0.1"},
+                                      {"name": "box-b", "recipe": "cpu-llamacpp--lan", "host": "box-b.office.lan"}])
+    gw = gateway.load_gateway(str(path))
+    backends = gateway.resolve_backends(gw)
+    assert [b.url for b in backends] == ["http://127.0.0.1:8020", "http://box-b.office.lan:8020"]
+    # A variant is the base recipe's model: one identity, so the two may serve one name.
+    assert backends[0].identity == backends[1].identity
+
+
+def test_an_unknown_variant_is_refused(tmp_path: Path) -> None:
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp--wan", "host": "a"},
+                                      {"name": "b", "recipe": "cpu-llamacpp--lan", "host": "b"}])
+    render_refused(path, "backend 'a':", "wan")
 
 
 def test_a_url_backend_with_the_same_model_id_is_accepted(tmp_path: Path) -> None:

@@ -4,9 +4,10 @@ repository with no venv, no engine image, no model, and outbound network blocked
 Runs after the main deploy of `make test` has been torn down (it deploys the cpu recipe on that recipe's port), in
 `make test`'s last phase beside the llama.cpp and gateway lanes (Makefile `last-lanes`: their images are built
 first, so they need no outbound network while this test blocks it).
-The network block is an iptables chain on OUTPUT that rejects everything but loopback and the Docker bridges, so
-pip, the model hub and registries are unreachable for the whole offline deploy; the test first proves the block
-works (PyPI must be unreachable) so the deploy cannot pass by reaching the network.
+The network block is an iptables chain on OUTPUT that rejects everything but loopback, the Docker bridges and the
+links to the stand-in hosts of the llama.cpp lane's office gateway (tests/rehearse/nodes.py HOST_LINK: hosts on this
+machine, not out of it), so pip, the model hub and registries are unreachable for the whole offline deploy; the test
+first proves the block works (PyPI must be unreachable) so the deploy cannot pass by reaching the network.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 import yaml
 
 from ds4deploy.operate.key_file import parse_env_file
+from tests.rehearse.nodes import HOST_LINK
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -54,13 +56,15 @@ def _pypi_reachable() -> bool:
 
 @contextlib.contextmanager
 def network_blocked():
-    """Reject all outbound traffic except loopback and Docker bridges (IPv4 and IPv6) inside the block."""
+    """Reject all outbound traffic except loopback, Docker bridges and the stand-in hosts' links (IPv4 and IPv6)
+    inside the block."""
     tools = [t for t in ("iptables", "ip6tables") if shutil.which(t)]
     assert "iptables" in tools, "iptables is needed to take the network away from the offline deploy"
     try:
         for tool in tools:
             for args in (["-N", CHAIN], ["-A", CHAIN, "-o", "lo", "-j", "RETURN"],
                          ["-A", CHAIN, "-o", "docker0", "-j", "RETURN"], ["-A", CHAIN, "-o", "br-+", "-j", "RETURN"],
+                         ["-A", CHAIN, "-o", HOST_LINK + "+", "-j", "RETURN"],
                          ["-A", CHAIN, "-j", "REJECT"], ["-I", "OUTPUT", "1", "-j", CHAIN]):
                 proc = run([tool, "-w", *args], timeout=60)
                 assert proc.returncode == 0, f"{tool} {' '.join(args)}: {proc.stderr}"

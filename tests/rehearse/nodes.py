@@ -40,6 +40,9 @@ DATA = Path("/var/lib/ds4-rehearse")
 LOAD_TIMEOUT_S = 1800
 STANDIN = Path(__file__).resolve().parent / "standin"
 PREFIX = "ds4-rehearse-"
+# This machine's end of a node's link to it (`link_to_host`): ds4h-a, ds4h-b. tests/offline's network block lets
+# these through (they lead to stand-in hosts on this machine, not out of it).
+HOST_LINK = "ds4h-"
 NAMES = ("node-a", "node-b")
 # Device numbers of /dev/infiniband/uverbs0 (Linux Documentation/admin-guide/devices.txt: 231 char, 192 = uverbs0).
 UVERBS0 = (231, 192)
@@ -85,9 +88,10 @@ class Node:
                     env={**os.environ, "DOCKER_HOST": self.docker_host})
 
 
-def nodes_for(recipe: Recipe) -> list[Node]:
-    """The stand-in nodes of `recipe`: node-a (the head, or the single node), node-b (the worker)."""
-    return [Node(n) for n in NAMES[: recipe.hardware.nodes]]
+def nodes_for(recipe: Recipe, count: int | None = None) -> list[Node]:
+    """The stand-in nodes of `recipe`: node-a (the head, or the single node), node-b (the worker). `count` (at most
+    len(NAMES)) asks for that many instead: two hosts each running a one-node recipe (tests/gateway's office)."""
+    return [Node(n) for n in NAMES[: count or recipe.hardware.nodes]]
 
 
 def _enter_script(node: Node) -> str:
@@ -163,11 +167,11 @@ def _empty(node: Node) -> None:
             node.docker(*rm, *ids, check=False, timeout=300)
 
 
-def up(recipe: Recipe) -> list[Node]:
-    """Create the stand-in nodes of `recipe` (after removing any earlier ones, keeping their Docker data) and start
-    their Docker daemons."""
+def up(recipe: Recipe, count: int | None = None) -> list[Node]:
+    """Create the stand-in nodes of `recipe` (`nodes_for`; after removing any earlier ones, keeping their Docker
+    data) and start their Docker daemons."""
     down(remove_data=False)
-    nodes = nodes_for(recipe)
+    nodes = nodes_for(recipe, count)
     RUN.mkdir(parents=True, exist_ok=True)
     MNT.mkdir(parents=True, exist_ok=True)
     # A namespace file can only be bound on a private mount (as ip-netns does for /run/netns).
@@ -201,6 +205,33 @@ def up(recipe: Recipe) -> list[Node]:
     return nodes
 
 
+def host_address(node: Node) -> str:
+    """The address of `node` on its link to this machine (`link_to_host`): 10.241.<1 + its index in NAMES>.2. The
+    10.241.0.0/16 block is private (RFC 1918) and unused by this machine's own networks (eth0, docker0)."""
+    return f"10.241.{NAMES.index(node.name) + 1}.2"
+
+
+def link_to_host(nodes: list[Node]) -> dict[str, str]:
+    """Join each node to this machine's network namespace, as hosts of one office network are joined: a veth pair
+    per node, ``ds4h-<a|b>`` here with 10.241.<i>.1/24 and ``ds4h0`` in the node with `host_address`. Containers on
+    host networking on either side reach the other end's address. Removed with the node's namespace (`down`).
+
+    Returns:
+        node name -> its address."""
+    out = {}
+    for node in nodes:
+        here, there = HOST_LINK + node.name[-1], "ds4h0"
+        addr = host_address(node)
+        _run(["ip", "link", "add", here, "type", "veth", "peer", "name", there])
+        _run(["ip", "link", "set", there, "netns", node.netns])
+        _run(["ip", "addr", "add", addr.rsplit(".", 1)[0] + ".1/24", "dev", here])
+        _run(["ip", "link", "set", here, "up"])
+        _run(["ip", "-n", node.netns, "addr", "add", addr + "/24", "dev", there])
+        _run(["ip", "-n", node.netns, "link", "set", there, "up"])
+        out[node.name] = addr
+    return out
+
+
 def _stop_dockerd(node: Node) -> None:
     pidfile = node.dir / "dockerd.pid"
     if not pidfile.is_file():
@@ -230,6 +261,7 @@ def down(remove_data: bool = True) -> None:
             _stop_dockerd(node)
         if node.netns in existing:
             _run(["ip", "netns", "del", node.netns], check=False)
+        _run(["ip", "link", "del", HOST_LINK + name[-1]], check=False)  # gone with the namespace, unless half made
         if node.mnt.exists():
             _run(["umount", str(node.mnt)], check=False)
         if remove_data and (DATA / name).exists():

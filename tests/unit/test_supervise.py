@@ -9,11 +9,16 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+import yaml
+
+from ds4deploy.core.errors import UserError
 from ds4deploy.operate.incidents import Incident
 from ds4deploy.operate.progress import Reading
-from ds4deploy.operate.supervisor import GAVE_UP_EXIT, Journal, Policy, supervise
+from ds4deploy.operate.supervisor import GAVE_UP_EXIT, Journal, Policy, make_targets, supervise, supervise_all
 from ds4deploy.plan.nodes import Node
 from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
 
 IDLE = Reading(0, 0, (("vllm:generation_tokens_total", 0.0),))
 
@@ -465,3 +470,57 @@ def test_the_probe_s_own_token_is_not_work(tmp_path):
     rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600), cycles=12)
     assert rc == 0 and group.probes >= 3
     assert [e["state"] for e in events if e["event"] == "engine"] == ["idle"], events
+
+
+def _replica(name: str, script: list[bool]) -> FakeGroup:
+    return FakeGroup(FakeClock(), script=script, url=f"http://{name}:8020",
+                     nodes=[Node(name, 0, "single", "", "", "compose.yaml", name)])
+
+
+def test_replicas_are_watched_and_restarted_each_alone(tmp_path):
+    """Two replicas of a one-node recipe (`supervise_all`, real threads and short real intervals): box-a fails its
+    health twice and is restarted; box-b, healthy, is never restarted; every record names its host, the failure and
+    the restart box-a's."""
+    a, b = _replica("box-a", [False, False]), _replica("box-b", [])
+    journal = Journal(tmp_path / "sup.jsonl")
+    fast = Policy(**{**POLICY, "interval_s": 0.01, "backoff_s": 0.01, "backoff_max_s": 0.01}, max_restarts=5,
+                  window_s=3600)
+    assert supervise_all([a, b], fast, journal, max_cycles=4) == 0
+    assert len(a.restarts) >= 1 and b.restarts == []
+    events = _events(journal)
+    assert {e["host"] for e in events} == {"box-a", "box-b"}
+    assert {e["host"] for e in events if e["event"] in ("failure", "restarted")} == {"box-a"}
+
+
+@pytest.mark.tool
+def test_one_node_recipe_on_two_hosts_is_two_targets_with_an_inventory_each(tmp_path):
+    """`make_targets` (ansible-inventory reads the inventory): the lan variant of cpu-llamacpp on box-a and box-b is a
+    target per host at its own address, whose restart play runs on an inventory of that host alone; one host is
+    one target on the inventory given; --url is refused for replicas."""
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "office.env").write_text("VLLM_API_KEY=ds4-" + "k" * 40 + "\n")
+    base = yaml.safe_load((REPO_ROOT / "recipes" / "cpu-llamacpp.yaml").read_text())
+    base.pop("variants")
+    base["serving"]["bind_address"] = "0.0.0.0"
+    base["serving"]["auth"]["key_file"] = str(secrets / "office.env")
+    path = tmp_path / "cpu-llamacpp.yaml"
+    path.write_text(yaml.safe_dump(base, sort_keys=False))
+    recipe = load_recipe(str(path))
+    hosts = {"box-a": {"ansible_host": "10.0.0.11", "ansible_connection": "ssh"},
+             "box-b": {"ansible_host": "10.0.0.12", "ansible_connection": "ssh"}}
+    inv = tmp_path / "office.yml"
+    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": {"ansible_user": "ops"}}}))
+    targets = make_targets(recipe, inv, replica_dir=tmp_path / "replicas")
+    assert [(t.url, [n.name for n in t.nodes]) for t in targets] == [
+        ("http://10.0.0.11:8020", ["box-a"]), ("http://10.0.0.12:8020", ["box-b"])]
+    for t, name in zip(targets, hosts, strict=True):
+        one = yaml.safe_load(t.inventory.read_text())["all"]["hosts"]
+        assert list(one) == [name] and one[name]["ansible_host"] == hosts[name]["ansible_host"]
+        assert one[name]["ansible_user"] == "ops"  # the group's variables come along
+        assert t.key == "ds4-" + "k" * 40
+    with pytest.raises(UserError, match="runs a replica on each of 2 hosts"):
+        make_targets(recipe, inv, url="http://10.0.0.11:8020")
+    inv.write_text(yaml.safe_dump({"all": {"hosts": {"box-a": hosts["box-a"]}}}))
+    (only,) = make_targets(recipe, inv)
+    assert only.inventory == inv and only.url == "http://10.0.0.11:8020"

@@ -1,0 +1,372 @@
+"""The office of docs/gateway.md, deployed here as an office deploys it (`make e2e-office`, which `make test` runs
+after the llama.cpp lane's own cpu-llamacpp steps: Makefile `last-lanes`).
+
+Two hosts of an office network stand in as the rehearsal's stand-in nodes (tests/rehearse/nodes.py: per host a
+network namespace, a mount namespace and its own Docker daemon), each joined to this machine by a link of its own
+(`nodes.link_to_host`) and named as the committed recipes/gateways/office.yaml names them (box-a.office.lan,
+box-b.office.lan, in /etc/hosts for the run). Then, with the product's targets only:
+
+1. `make deploy RECIPE=cpu-llamacpp--lan INVENTORY=<the two hosts>`: one deploy, a complete stack on each host (a
+   one-node recipe's inventory of two hosts: `ds4deploy.plan.nodes.plan`), the real llama-server image and tiny
+   GGUF, each host's front door listening on the office network and accepting the gateway key beside the
+   deployment's own (the key files as docs/gateway.md "Backends" has an owner write them), its supervisor started;
+2. `make deploy RECIPE=office INVENTORY=<this host in group gateway, and the two hosts>`: the gateway on this
+   machine, its deploy checking that each backend's recipe runs on its host (read through that host's Docker) and
+   answers with the gateway key.
+
+Proven: `make status` of both, 12 sessions x 3 turns spread over both hosts with every turn of a session on one host,
+per-person usage adding up to what the clients were answered, a host whose stack dies taking none of the next turns
+of its sessions (each answered by the other, none failing) and coming back by its own supervisor, then `make down`
+of the gateway and of the two hosts, each saving its logs first. The loopback gateway's tests (tests/gateway) prove
+the rest of the gateway on backends the rig starts (drain and rejoin, revocation, the conformance matrix, fallback).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from ds4deploy.build.gateway_image import image_ref as router_image
+from ds4deploy.operate.incidents import INCIDENTS_ROOT
+from ds4deploy.operate.supervisor import Policy
+from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.paths import REPO_ROOT
+from ds4deploy.render import front_door, gateway
+from ds4deploy.render.compose import project_name
+from tests.rehearse import nodes
+from tests.support import host_docker
+from tests.support.gateway_usage import usage_table
+
+RECIPE = "cpu-llamacpp--lan"
+GATEWAY = "office"
+STACK = load_recipe(RECIPE)
+OFFICE = gateway.load_gateway(GATEWAY)
+# The recipe's hosts, in the gateway recipe's order, each stood in by one node: box-a.office.lan by node-a, ...
+HOSTS = {b.host: node for b, node in zip(OFFICE.backends, nodes.NAMES, strict=True)}
+MODEL = STACK.model.served_name
+PEOPLE = tuple(p.name for p in OFFICE.people)
+BIN = Path(sys.executable).parent
+REHEARSE = REPO_ROOT / "tests" / "rehearse"
+# /etc/hosts lines of this run, between these two markers (removed at its end, nothing else touched).
+HOSTS_BEGIN, HOSTS_END = "# ds4deploy tests/office: begin", "# ds4deploy tests/office: end"
+DEPLOY_TIMEOUT_S = 1200
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in hosts need root (namespaces, dockerd)")
+
+
+def _url(host: str) -> str:
+    return f"http://{host}:{STACK.serving.port}"
+
+
+class Office:
+    """Everything the run made, and what the tests read it with."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.env = {**os.environ, "CI": "1", "ANSIBLE_NOCOLOR": "1",
+                    "ANSIBLE_CONNECTION_PLUGINS": str(REHEARSE / "plugins" / "connection"),
+                    "ANSIBLE_LIBRARY": f"{REPO_ROOT / 'ansible' / 'library'}:{REHEARSE / 'library'}"}
+        self.created: list[Path] = []
+        self.nodes: list[nodes.Node] = []
+        self.keys: dict[str, str] = {}
+        self.gw_key = ""
+        self.url = f"http://{OFFICE.bind_address}:{OFFICE.port}"
+        self.log: dict[str, str] = {}
+
+    def make(self, target: str, recipe: str, inventory: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+        """`make <target> RECIPE=<recipe> INVENTORY=<inventory>`, its output kept in <tmp>/<target>-<recipe>.log."""
+        p = subprocess.run(["make", "--no-print-directory", target, f"RECIPE={recipe}", f"INVENTORY={inventory}"],
+                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False, env=self.env)
+        out = p.stdout + p.stderr
+        (self.tmp / f"{target}-{recipe}.log").write_text(out)
+        self.log[f"{target} {recipe}"] = out
+        return p
+
+    def node(self, host: str) -> nodes.Node:
+        return nodes.Node(HOSTS[host])
+
+    def remember(self, *paths: Path) -> None:
+        """Paths the run creates on this machine outside the hosts: removed at the end when new."""
+        self.created += [p for p in paths if not p.exists()]
+
+    def inventories(self) -> tuple[Path, Path]:
+        """The two hosts' inventory (the stack's deploy) and the gateway's (this host in group gateway, beside the
+        two hosts its deploy reads)."""
+        boxes = {host: {"ansible_host": nodes.host_address(self.node(host)),
+                        "ds4_rehearse_node_dir": str(self.node(host).dir),
+                        "ds4_docker_host": self.node(host).docker_host, "ds4_kernel": os.uname().release}
+                 for host in HOSTS}
+        common = {"ansible_connection": "rehearse_node", "ansible_python_interpreter": sys.executable,
+                  # The stand-in architecture (tests/rehearse/library/rehearse_machine.py) after setup's own facts.
+                  "ansible_facts_modules": ["ansible.builtin.setup", "rehearse_machine"],
+                  "ansible_facts_parallel": False}
+        stack = self.tmp / "hosts.yml"
+        stack.write_text("---\n" + yaml.safe_dump({"all": {"vars": common, "hosts": boxes}}, sort_keys=False))
+        here = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+        office = self.tmp / "office.yml"
+        office.write_text("---\n" + yaml.safe_dump({"all": {
+            "hosts": {"localhost": here, **{h: {**common, **hv} for h, hv in boxes.items()}},
+            "children": {"gateway": {"hosts": {"localhost": {}}}}}}, sort_keys=False))
+        return stack, office
+
+    def up(self) -> None:
+        missing = [ref for ref in (STACK.image_ref, front_door.IMAGE, router_image())
+                   if subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode]
+        if missing:
+            pytest.fail(f"{', '.join(missing)} not on this machine. Fix: `make llamacpp` (the llama-server image), "
+                        "`make deploy RECIPE=cpu` (the front door) and `ds4deploy gateway image` (the router)")
+        taken = [p for p in (Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(STACK.gateway_key_file))
+                 if p.exists()]
+        if taken or _gateway_containers():
+            pytest.skip(f"{', '.join(map(str, taken)) or 'the office gateway'} exists already: not this test's to "
+                        "replace")
+        self.remember(Path(STACK.key_file), Path(STACK.metrics_key_file), Path(STACK.gateway_key_file),
+                      Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(gateway.metrics_key_file(OFFICE)),
+                      gateway.people_dir(OFFICE), Path("/opt/ds4deploy/stacks") / project_name(STACK).removeprefix(
+                          "ds4-"), Path("/opt/ds4deploy/gateways") / GATEWAY, INCIDENTS_ROOT / STACK.base_name,
+                      INCIDENTS_ROOT / f"gateway-{GATEWAY}")
+        t0 = time.monotonic()
+        self.nodes = nodes.up(STACK, count=len(HOSTS))
+        addresses = nodes.link_to_host(self.nodes)
+        _hosts_file_add({host: addresses[node] for host, node in HOSTS.items()})
+        with host_docker.turn():  # streams images out of this machine's daemon
+            nodes.load_images(self.nodes, [STACK.image_ref, front_door.IMAGE])
+        print(f"\nhosts up and images loaded: {time.monotonic() - t0:.0f} s")
+        # The keys as an owner leaves them (docs/gateway.md, "Backends"): the stack's own key (kept when this
+        # machine's cpu-llamacpp deploy left one: the same base recipe, the same file) and the gateway's beside it.
+        from ds4deploy.operate.key_file import parse_env_file
+        from tools.gateway_rig import write_secret
+
+        key_file = Path(STACK.key_file)
+        key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if not key_file.exists():
+            write_secret(key_file, f"VLLM_API_KEY=ds4-office-{os.urandom(20).hex()}\n")
+        self.own_key = parse_env_file(key_file.read_text())["VLLM_API_KEY"]
+        self.gw_key = f"ds4-gw-{os.urandom(20).hex()}"
+        write_secret(Path(STACK.gateway_key_file), f"DS4_GATEWAY_KEY={self.gw_key}\n")
+        write_secret(Path(OFFICE.key_file), f"VLLM_API_KEY={self.gw_key}\n")
+        self.keys = {p: f"ds4p-{p}-{os.urandom(24).hex()}" for p in PEOPLE}
+        write_secret(Path(OFFICE.people_key_file), "".join(f"{p} {k}\n" for p, k in self.keys.items()))
+        self.stack_inv, self.office_inv = self.inventories()
+        self.refusal = self.gateway_before_its_backends()
+        t0 = time.monotonic()
+        self.stack_deploy = self.make("deploy", RECIPE, self.stack_inv, DEPLOY_TIMEOUT_S)
+        print(f"make deploy RECIPE={RECIPE} on {len(HOSTS)} hosts: {time.monotonic() - t0:.0f} s")
+        if self.stack_deploy.returncode == 0:
+            t0 = time.monotonic()
+            self.gateway_deploy = self.make("deploy", GATEWAY, self.office_inv)
+            print(f"make deploy RECIPE={GATEWAY}: {time.monotonic() - t0:.0f} s")
+
+    def gateway_before_its_backends(self) -> subprocess.CompletedProcess:
+        """`ds4deploy gateway vars office` (the first step of its `make deploy`) while box-a runs the base recipe
+        (a stand-in container labelled as its render labels a deployment of cpu-llamacpp: loopback only) and box-b
+        nothing: refused, then the stand-in removed."""
+        node = self.node(next(iter(HOSTS)))
+        node.docker("run", "-d", "--name", "office-base-standin", "--network", "host",
+                    "--label", f"com.docker.compose.project={project_name(STACK)}",
+                    "--label", f"io.ds4deploy.recipe={STACK.base_name}", "--entrypoint", "sleep", front_door.IMAGE,
+                    "infinity")
+        try:
+            return subprocess.run([str(BIN / "ds4deploy"), "gateway", "vars", GATEWAY, "--inventory",
+                                   str(self.office_inv), "--scope", "deploy"], capture_output=True, text=True,
+                                  env=self.env, cwd=REPO_ROOT, timeout=300, check=False)
+        finally:
+            node.docker("rm", "-f", "office-base-standin")
+
+    def down(self) -> None:
+        for name in (GATEWAY, STACK.base_name):
+            subprocess.run([str(BIN / "ds4deploy"), "supervisor", "stop", name], capture_output=True, env=self.env,
+                           check=False, timeout=120)
+        subprocess.run(["docker", "compose", "-p", f"ds4-gw-{GATEWAY}", "down", "--timeout", "10"],
+                       capture_output=True, check=False, timeout=300)
+        nodes.down(remove_data=True)
+        _hosts_file_remove()
+        for p in self.created:
+            if p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                p.unlink(missing_ok=True)
+
+
+def _hosts_file_add(names: dict[str, str]) -> None:
+    """The office's host names in /etc/hosts between the run's markers (this machine, the router's container on host
+    networking and the stand-in hosts, which share /etc, all read it)."""
+    _hosts_file_remove()
+    lines = [HOSTS_BEGIN, *(f"{addr} {host}" for host, addr in names.items()), HOSTS_END]
+    with open("/etc/hosts", "a", encoding="utf-8") as fh:
+        fh.write("\n".join(lines) + "\n")
+
+
+def _hosts_file_remove() -> None:
+    text = Path("/etc/hosts").read_text()
+    if HOSTS_BEGIN not in text:
+        return
+    head, _, rest = text.partition(HOSTS_BEGIN + "\n")
+    _, _, tail = rest.partition(HOSTS_END + "\n")
+    # Written in place (not replaced): Docker bind-mounts this file into containers on host networking.
+    with open("/etc/hosts", "w", encoding="utf-8") as fh:
+        fh.write(head + tail)
+
+
+def _gateway_containers() -> list[str]:
+    return subprocess.run(["docker", "ps", "--all", "--quiet", "--filter",
+                           f"label=com.docker.compose.project=ds4-gw-{GATEWAY}"],
+                          capture_output=True, text=True, check=False).stdout.split()
+
+
+@pytest.fixture(scope="module")
+def office(tmp_path_factory):
+    run = Office(tmp_path_factory.mktemp("office"))
+    try:
+        run.up()
+        yield run
+    finally:
+        print(f"\noffice logs in {run.tmp}")
+        run.down()
+
+
+def chat(office: Office, person: str, session: str | None = None) -> httpx.Response:
+    headers = {"authorization": f"Bearer {office.keys[person]}"}
+    if session:
+        headers[OFFICE.routing.session_header] = session
+    body = {"model": MODEL, "messages": [{"role": "user", "content": f"hello from {person}"}], "max_tokens": 4}
+    return httpx.post(f"{office.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
+
+
+def test_make_deploy_puts_a_stack_on_each_host_and_the_gateway_in_front(office) -> None:
+    assert office.stack_deploy.returncode == 0, office.log[f"deploy {RECIPE}"][-6000:]
+    assert office.gateway_deploy.returncode == 0, office.log[f"deploy {GATEWAY}"][-6000:]
+    for out in office.log.values():
+        assert office.gw_key not in out and office.own_key not in out
+        assert not any(k in out for k in office.keys.values())
+    for host in HOSTS:
+        running = office.node(host).docker("ps", "--format", "{{.Names}}").stdout.split()
+        assert len(running) == 2, (host, running)  # the engine and its front door
+        # The front door on the office network: the deployment's own key and the gateway's, no person's.
+        for key, code in ((office.own_key, 200), (office.gw_key, 200), (office.keys["alice"], 401)):
+            r = httpx.get(f"{_url(host)}/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30)
+            assert r.status_code == code, (host, r.status_code)
+
+
+def test_a_gateway_before_its_backends_is_refused(office) -> None:
+    """Before the stacks were deployed: box-a running the base recipe (which listens on loopback only) and box-b
+    nothing are each named, with the deploy that fixes it; nothing was written."""
+    a, b = list(HOSTS)
+    p = office.refusal
+    assert p.returncode == 2 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
+    assert (f"backend 'box-a': {a} runs recipe {STACK.base_name} in compose project {project_name(STACK)}, "
+            f"not '{RECIPE}'") in p.stderr, p.stderr
+    assert f"backend 'box-b': recipe '{RECIPE}' is not deployed on {b}" in p.stderr, p.stderr
+    assert f"make deploy RECIPE={RECIPE}" in p.stderr, p.stderr
+
+
+def test_make_status_shows_both_hosts_and_the_gateway(office) -> None:
+    p = office.make("status", RECIPE, office.stack_inv)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    assert all(host in out for host in HOSTS), out
+    p = office.make("status", GATEWAY, office.office_inv)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out
+    for b in OFFICE.backends:
+        assert f"{b.name} {_url(b.host)}: ready" in out, out
+
+
+def test_sessions_spread_over_both_hosts_and_stay(office) -> None:
+    """12 sessions x 3 turns, the 12 of a turn at once: every turn of a session answered by the host of its first
+    turn, both hosts used; then each person's usage equals the requests they made."""
+    time.sleep(1.5)  # the door's access log is flushed at most 1 s after a request (flush=1s in the render)
+    before = usage_table(GATEWAY)
+    seen: dict[str, set[str]] = {}
+    made: Counter = Counter()
+    for turn in range(3):
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            rs = list(pool.map(lambda s: (s, chat(office, PEOPLE[s % 3], session=f"office-{s}")), range(12)))
+        for s, r in rs:
+            assert r.status_code == 200, (turn, s, r.status_code, r.text[:300])
+            seen.setdefault(f"office-{s}", set()).add(r.headers["x-smg-routed-worker-id"])
+            made[PEOPLE[s % 3]] += 1
+    split = {s: b for s, b in seen.items() if len(b) != 1}
+    assert not split, f"sessions answered by two hosts: {split}"
+    used = Counter(next(iter(b)) for b in seen.values())
+    print(f"sessions per host: {dict(used)}")
+    assert set(used) == {_url(h) for h in HOSTS}, used
+    time.sleep(1.5)
+    after = usage_table(GATEWAY)
+    for person in PEOPLE:
+        assert after[person]["requests"] - before.get(person, {}).get("requests", 0) == made[person], person
+
+
+def _back_bound_s() -> float:
+    """Seconds from a host's stack killed to it answering through the gateway again, from the Policy and the recipe:
+    the misses that make the supervisor restart (one check more of slack, each with its 5 s health timeout), the
+    stack's start period, the router's two successful health checks 60 s apart before it lists the host ready again
+    (SMG's defaults with the pinned version, docs/gateway.md "Limits"), and 180 s for the evidence and the restart
+    play (Ansible on the two stand-in hosts of the shared 2-core machine: a deploy's play start alone takes ~15 s
+    there)."""
+    policy = Policy()
+    return ((policy.failures_to_restart + 1) * (policy.interval_s + 5) + STACK.container.start_period_s + 2 * 60
+            + 180)
+
+
+def test_a_dead_hosts_sessions_move_on_and_it_comes_back(office) -> None:
+    """box-a's stack dies (both containers killed): each of its sessions' next turn is answered by box-b, none
+    failing; the stack's supervisor (started by its `make deploy`) brings box-a back within its Policy's bound, and
+    the router sends new sessions to it again."""
+    a, b = list(HOSTS)
+    pins = {}
+    for s in range(12):
+        r = chat(office, "alice", session=f"dies-{s}")
+        assert r.status_code == 200
+        pins[s] = r.headers["x-smg-routed-worker-id"]
+    assert set(pins.values()) == {_url(a), _url(b)}, pins
+    node = office.node(a)
+    node.docker("kill", *node.docker("ps", "--quiet").stdout.split())
+    t0 = time.monotonic()
+    for s, first in pins.items():
+        r = chat(office, "alice", session=f"dies-{s}")
+        assert r.status_code == 200, (s, r.status_code, r.text[:300])
+        assert r.headers["x-smg-routed-worker-id"] == _url(b), (s, first, r.headers["x-smg-routed-worker-id"])
+    print(f"12 next turns after {a} died: {time.monotonic() - t0:.1f} s")
+    bound = _back_bound_s()
+    deadline = time.monotonic() + bound
+    back = False
+    while time.monotonic() < deadline and not back:
+        time.sleep(5)
+        got = {chat(office, "bob", session=f"back-{i}-{time.monotonic()}").headers.get("x-smg-routed-worker-id")
+               for i in range(6)}
+        back = _url(a) in got
+    print(f"{a} answering through the gateway again after {time.monotonic() - t0:.0f} s (bound {bound:.0f} s)")
+    assert back, f"{a} not back through the gateway within {bound:.0f} s"
+
+
+def test_make_down_saves_the_evidence_of_each(office) -> None:
+    """Runs last: `make down` of the gateway, then of the two hosts' stacks, each saving its logs in an incident
+    folder before anything is removed; nothing of either runs afterwards."""
+    for recipe, inventory, folder in ((GATEWAY, office.office_inv, f"gateway-{GATEWAY}"),
+                                      (RECIPE, office.stack_inv, STACK.base_name)):
+        before = set((INCIDENTS_ROOT / folder).glob("*"))
+        p = office.make("down", recipe, inventory)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+        new = sorted(set((INCIDENTS_ROOT / folder).glob("*")) - before)
+        assert len(new) == 1, (folder, new)
+        saved = {f.name for f in new[0].iterdir()}
+        assert "incident.json" in saved, saved
+        if recipe == RECIPE:
+            assert all(any(f.startswith(host) for f in saved) for host in HOSTS), saved
+    assert _gateway_containers() == []
+    for host in HOSTS:
+        assert office.node(host).docker("ps", "--all", "--quiet").stdout.split() == [], host
+    for name in (GATEWAY, STACK.base_name):  # `make down` stopped each supervisor first
+        assert subprocess.run([str(BIN / "ds4deploy"), "supervisor", "status", name], capture_output=True,
+                              check=False).returncode == 1, name
