@@ -1239,8 +1239,10 @@ class GatewayBackend(Strict):
     name: Annotated[str, Field(pattern=NAME_RE)] = Field(
         description="the backend's name in the gateway recipe (unique; what error messages call it)")
     recipe: Annotated[str, Field(pattern=NAME_RE)] | None = Field(
-        default=None, description="a recipe under recipes/ that runs on `host`: its served_name and aliases are the "
-                                  "model names this backend serves, its committed manifest the model's identity")
+        default=None, description="a recipe under recipes/ (or a variant, <recipe>--<variant>) that runs on `host`: "
+                                  "its served_name and aliases are the model names this backend serves, its committed "
+                                  "manifest the model's identity; on another host than the gateway's it must listen "
+                                  "on that host's network (serving.bind_address not loopback)")
     host: str | None = Field(
         default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$",
         description="the host (as the gateway reaches it: a DNS name or an address) the recipe is deployed on; the "
