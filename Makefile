@@ -65,7 +65,7 @@ else
 	@# The supervisor would take the deploy's own container replacement for a failure: site.yml stops it once
 	@# every check has passed (ds4_pause_supervisor), and it is started again here.
 	@$(BIN)/ds4deploy supervisor start $(RECIPE) --inventory $(INVENTORY)
-	@$(BIN)/ds4deploy summary $(RECIPE)
+	@$(BIN)/ds4deploy summary $(RECIPE) --inventory $(INVENTORY)
 endif
 
 down: venv ## [RECIPE=..] [INVENTORY=..] stop the supervisor, then the stack (head first)

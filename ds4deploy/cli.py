@@ -422,7 +422,7 @@ def cmd_summary(ns: argparse.Namespace) -> int:
     """Print the post-deploy summary (URL, model, key location)."""
     from ds4deploy.operate.summary import summary
 
-    print(summary(ns.recipe))
+    print(summary(ns.recipe, Path(ns.inventory) if ns.inventory else None))
     return 0
 
 
@@ -545,7 +545,7 @@ def cmd_supervise(ns: argparse.Namespace) -> int:
                     max_restarts=ns.max_restarts, window_s=ns.window, backoff_s=ns.backoff, progress_bound_s=bound)
     journal = Journal(Path(ns.journal or f"/var/lib/ds4deploy/supervise/{recipe.name}.jsonl"))
     targets = ([make_gateway_target(recipe, Path(ns.inventory), ns.url)] if gw
-               else make_targets(recipe, Path(ns.inventory), ns.url, journal.path.with_suffix(".replicas")))
+               else make_targets(recipe, Path(ns.inventory), ns.url))
     return supervise_all(targets, policy, journal, max_cycles=ns.cycles)
 
 
@@ -952,6 +952,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     su = sub.add_parser("summary", help="what a deployed recipe serves: URLs, model name, where the key is")
     su.add_argument("recipe")
+    su.add_argument("--inventory", help="the inventory it was deployed with: a recipe on 0.0.0.0 is shown at its "
+                                        "hosts' addresses")
     su.set_defaults(func=cmd_summary)
 
     ss = sub.add_parser("status", help="every node's containers and /health (and log lines), as docker printed them")

@@ -5,21 +5,41 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ds4deploy.core.net import base_url
 from ds4deploy.recipe.load import load_recipe
 
 
-def summary(name: str) -> str:
-    """The post-deploy message for recipe `name`."""
+def summary(name: str, inventory: Path | None = None) -> str:
+    """The post-deploy message for recipe `name`. With the `inventory` it was deployed with, a recipe listening on
+    every address (0.0.0.0) is shown at the address of the host that serves it (the head; a one-node recipe on
+    several hosts: one replica per host, each listed, each with its own key on its host).
+
+    Raises:
+        UserError: the inventory cannot be read or does not fit the recipe (`ds4deploy.plan.nodes.plan`)."""
     r = load_recipe(name)
     s = r.serving
     url = base_url(s.bind_address, s.port)
+    replicas: list[str] = []
+    if inventory is not None and s.bind_address in ("0.0.0.0", "::"):  # noqa: S104 (read, not bound)
+        from ds4deploy.operate.supervisor import head_url
+        from ds4deploy.plan.inventory import read_inventory
+        from ds4deploy.plan.nodes import plan
+
+        hosts = read_inventory(inventory).hosts
+        heads = [n for n in plan(r, hosts) if n.role in ("head", "single")]
+        replicas = [head_url(r, [n], hosts) for n in heads]
+        url = replicas[0]
     lines = [
         f"ds4deploy: recipe '{r.name}' is up.",
         f"  OpenAI API:     {url}/v1      (chat: {url}/v1/chat/completions)",
         f"  Anthropic API:  {url}/v1/messages",
         f"  served model:   {r.model.served_name}",
     ]
+    if len(replicas) > 1:
+        lines.append(f"  replicas:       {', '.join(replicas)} (one per host, each with its own key in {r.key_file} "
+                     "on that host; a gateway puts one URL in front: docs/gateway.md)")
     if s.auth.mode == "api_key":
         lines += [
             f"  API key:        in {r.key_file} (VLLM_API_KEY=..., mode 0600, root only)",

@@ -43,9 +43,10 @@ and only then judges the containers (a daemon restart counted as failed restarts
 
 Replicas on several hosts: a one-node recipe deployed to an inventory of several hosts runs one complete,
 independent stack on each (`ds4deploy.plan.nodes.plan`), e.g. the backends of a gateway. Each is watched on its own
-(`make_targets`: its own API, containers, progress counters and restart budget, in a thread of its own, every
-journal line naming its ``host``) and restarted alone, with the restart play run on an inventory of that host only:
-one replica's failure never stops the others, which keep serving their sessions.
+(`make_targets`: its own API, key, containers, progress counters and restart budget, in a thread of its own, every
+journal line naming its ``host``) and restarted alone: ansible/restart.yml with ``ds4_replica=<host>`` places only that
+host in the plan's groups (ansible/nodes-plan.yml), so one replica's failure never stops the others, which keep
+serving their sessions. Two replicas' restarts take turns (one lock): both rewrite the run's variables file.
 
 A gateway (recipes/gateways/) is watched by the same loop and policy through a target of its own:
 `ds4deploy.operate.gateway_supervise`.
@@ -57,7 +58,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -65,7 +65,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
-import yaml
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.secret_scan import redact_shapes
@@ -190,6 +189,10 @@ class Target:
     url: str
     key: str | None
     hosts: dict[str, dict] = field(default_factory=dict)
+    # A replica's host (`make_targets`): the restart play is limited to it; None restarts the whole node group.
+    replica: str | None = None
+    # Held around a restart: the replicas of one recipe share one (their plays rewrite one variables file).
+    restart_lock: threading.Lock | None = None
 
     def container_states(self) -> dict[str, str]:
         """Node name -> state of its containers ("running" when all run, else the first other state: "exited",
@@ -244,8 +247,12 @@ class Target:
 
         `incident`: the folder already saved for this restart; the playbook then does not collect again.
         """
-        extra = [f"recipe={self.recipe.name}"] + ([f"ds4_incident_dir={incident}"] if incident is not None else [])
-        return run_playbook("restart.yml", self.inventory, extra, timeout_s, log)
+        extra = ([f"recipe={self.recipe.name}"] + ([f"ds4_incident_dir={incident}"] if incident is not None else [])
+                 + ([f"ds4_replica={self.replica}"] if self.replica is not None else []))
+        if self.restart_lock is None:
+            return run_playbook("restart.yml", self.inventory, extra, timeout_s, log)
+        with self.restart_lock:
+            return run_playbook("restart.yml", self.inventory, extra, timeout_s, log)
 
 
 def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
@@ -260,15 +267,14 @@ def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
     return base_url(addr, recipe.serving.port)
 
 
-def make_targets(recipe: Recipe, inventory: Path, url: str | None = None,
-                 replica_dir: Path | None = None) -> list[Target]:
+def make_targets(recipe: Recipe, inventory: Path, url: str | None = None) -> list[Target]:
     """What to watch: the node group (one `Target`), or for a one-node recipe deployed to several hosts one `Target`
-    per host (independent replicas, module docstring): that host's URL, its containers, and an inventory of that host
-    alone for its restart play (its variables as Ansible resolves them, written as ``<replica_dir>/<host>.yml``,
-    replaced at every start; a new temporary directory when `replica_dir` is None).
+    per host (independent replicas, module docstring): that host's URL, its own key (`replica_key`), its containers,
+    and its restart limited to it (``ds4_replica``).
 
     Raises:
-        UserError: as `make_target`; `url` given for replicas (each host has its own).
+        UserError: as `make_target`; `url` given for replicas (each host has its own); a replica's key that can be
+            read neither from its running stack nor from this host's key file.
     """
     from ds4deploy.plan.inventory import read_inventory
 
@@ -280,14 +286,44 @@ def make_targets(recipe: Recipe, inventory: Path, url: str | None = None,
         raise UserError(f"--url names one API, but recipe '{recipe.name}' runs a replica on each of "
                         f"{len(nodes)} hosts ({', '.join(n.name for n in nodes)})",
                         "leave out --url: each replica is watched at its own host's address")
-    here = replica_dir or Path(tempfile.mkdtemp(prefix=f"ds4-supervise-{recipe.base_name}-"))
-    here.mkdir(mode=0o700, parents=True, exist_ok=True)
-    out = []
-    for node in nodes:
-        one = here / f"{node.name}.yml"
-        one.write_text("---\n" + yaml.safe_dump({"all": {"hosts": {node.name: hosts[node.name]}}}, sort_keys=False))
-        out.append(make_target(recipe, one, None, {node.name: hosts[node.name]}, [node]))
-    return out
+    lock = threading.Lock()
+    return [Target(recipe, inventory, [node], head_url(recipe, [node], hosts), replica_key(recipe, node, hosts),
+                   hosts, node.name, lock) for node in nodes]
+
+
+def replica_key(recipe: Recipe, node: Node, hosts: dict[str, dict]) -> str | None:
+    """The API key of `recipe`'s replica on `node`: each host generated its own on first deploy (roles/stack), so it is
+    read where that replica runs: from its running containers' environment (the key file reaches the engine and the
+    front door as their env_file; the daemon reached as `ds4deploy.operate.incidents.docker_env` says), else from
+    this host's key file (a local replica, or one whose stack is down at the supervisor's start). None for a recipe
+    without a key.
+
+    Raises:
+        UserError: neither holds a VLLM_API_KEY.
+    """
+    if recipe.serving.auth.mode != "api_key":
+        return None
+    hv = hosts.get(node.name, {})
+    try:
+        ids = subprocess.run(["docker", "ps", "--quiet", "--filter",
+                              f"label=com.docker.compose.project={node_project(recipe, node)}"],
+                             capture_output=True, text=True, env=docker_env(node.name, hv), timeout=30,
+                             check=False).stdout.split()
+        envs = subprocess.run(["docker", "inspect", "--format", "{{json .Config.Env}}", *ids], capture_output=True,
+                              text=True, env=docker_env(node.name, hv), timeout=30, check=False).stdout if ids else ""
+    except (OSError, subprocess.TimeoutExpired):
+        envs = ""
+    for line in envs.splitlines():
+        for var in json.loads(line) or []:
+            if var.startswith("VLLM_API_KEY="):
+                return var.split("=", 1)[1]
+    try:
+        return parse_env_file(Path(recipe.key_file).read_text())["VLLM_API_KEY"]
+    except (OSError, KeyError):
+        raise UserError(f"cannot read the API key of {recipe.name}'s replica on {node.name}: its stack is not running "
+                        f"and this host has no {recipe.key_file}",
+                        f"start the supervisor once the replica runs (`make deploy RECIPE={recipe.name}` starts "
+                        "it after the stacks), or copy that host's key file here (mode 0600)") from None
 
 
 def make_target(recipe: Recipe, inventory: Path, url: str | None = None, hosts: dict[str, dict] | None = None,
@@ -316,14 +352,19 @@ def make_target(recipe: Recipe, inventory: Path, url: str | None = None, hosts: 
 def supervise_all(targets: list[Target], policy: Policy, journal: Journal, max_cycles: int | None = None) -> int:
     """`supervise` each of `targets` (`make_targets`): one alone in this thread; replicas each in a thread of its own,
     with the journal's records naming the host. Returns when every watch has ended (`max_cycles`; one that gave up
-    leaves the others watching): the highest exit code."""
+    or crashed, journaled ``gave-up`` / ``crashed`` with its host, leaves the others watching): the highest exit
+    code."""
     if len(targets) == 1:
         return supervise(targets[0], policy, journal, max_cycles=max_cycles)
     codes: list[int] = []
 
     def watch(t: Target) -> None:
-        codes.append(supervise(t, policy, Journal(journal.path, {**journal.context, "host": t.nodes[0].name}),
-                               max_cycles=max_cycles))
+        mine = Journal(journal.path, {**journal.context, "host": t.replica or t.nodes[0].name})
+        try:
+            codes.append(supervise(t, policy, mine, max_cycles=max_cycles))
+        except Exception as exc:  # one replica's watch must not end unseen; the others go on
+            mine.write("crashed", detail=f"{type(exc).__name__}: {exc}")
+            codes.append(1)
 
     threads = [threading.Thread(target=watch, args=(t,), name=f"supervise-{t.nodes[0].name}", daemon=True)
                for t in targets]
@@ -356,7 +397,8 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
     unreachable_since: float | None = None
     watch = ProgressWatch(policy.progress_bound_s)
     engine_state = None
-    log = journal.path.with_suffix(".restart.log")
+    host = journal.context.get("host")
+    log = journal.path.with_suffix(f".{host}.restart.log" if host else ".restart.log")
     journal.write("start", recipe=target.recipe.name, url=target.url,
                   nodes={n.name: n.role for n in target.nodes}, policy=policy.__dict__)
     # A first reading for the first check to compare with: requests that come and go between two readings leave the

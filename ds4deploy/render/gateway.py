@@ -147,6 +147,14 @@ def _loopback_host(host: str) -> bool:
         return False
 
 
+def _reachable_variants(base: str) -> list[str]:
+    """``<base>--<variant>`` for each variant of recipe `base` whose serving.bind_address is not loopback."""
+    variants = (load_strict(paths.RECIPES_DIR / f"{base}.yaml").data or {}).get("variants") or {}
+    return [f"{base}{VARIANT_SEP}{name}" for name, keys in sorted(variants.items())
+            if "serving.bind_address" in (keys or {})
+            and not ipaddress.ip_address(str(keys["serving.bind_address"])).is_loopback]
+
+
 def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
     """Every backend's URL, model names and model identity; the checks that need the recipes.
 
@@ -173,15 +181,18 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
         try:
             r = load_recipe(b.recipe)
         except UserError as exc:  # an unknown variant, or a recipe that does not validate
-            problems.append(f"backend '{b.name}': {exc.cause}")
+            problems.append(f"backend '{b.name}': {exc.cause} ({exc.fix})")
             continue
         if ipaddress.ip_address(r.serving.bind_address).is_loopback and not _loopback_host(b.host or ""):
             # The recipe's server answers on its own host's loopback only: from the gateway it is a refused
             # connection on every request, which the deploy's probe would report only as "unreachable".
+            open_ = _reachable_variants(r.base_name)
+            instead = (f"name its variant {' or '.join(open_)}, which listens on the network," if open_ else
+                       f"add a variant to recipes/{r.base_name}.yaml with serving.bind_address: 0.0.0.0 and name "
+                       "it here,")
             problems.append(f"backend '{b.name}': recipe '{b.recipe}' listens on {r.serving.bind_address} only "
-                            f"(serving.bind_address), so the gateway cannot reach it at {b.host}: deploy a recipe or "
-                            "variant that listens on an address of the office network (e.g. cpu-llamacpp--lan, "
-                            "0.0.0.0) and name it here, or run the gateway on that host with host: 127.0.0.1")
+                            f"(serving.bind_address), so the gateway cannot reach it at {b.host}: {instead} or run "
+                            "the gateway on that host with host: 127.0.0.1")
         ident = (manifest_identity(load_manifest(r)["files"]) if manifest_path(r).is_file()
                  else f"recipe:{r.base_name}")
         out.append(Backend(b.name, f"http://{b.host}:{r.serving.port}", (r.model.served_name, *r.model.aliases),
@@ -208,9 +219,10 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
     if problems:
         where = gw._source or gw.name
         raise UserError(f"{where}: " + "; ".join(problems),
-                        "name recipes that exist and give each model name one model: rename a model "
-                        "(model.served_name / aliases in its recipe) or remove one of the backends; a url backend "
-                        "states its model's manifest_sha256 (`ds4deploy gateway model-id <recipe>`)")
+                        "name recipes that exist and the gateway can reach (each problem above says how), and give "
+                        "each model name one model: rename a model (model.served_name / aliases in its recipe) or "
+                        "remove one of the backends; a url backend states its model's manifest_sha256 (`ds4deploy "
+                        "gateway model-id <recipe>`)")
     return out
 
 

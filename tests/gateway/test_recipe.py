@@ -89,7 +89,7 @@ def test_render_check_fails_on_a_hand_edit(tmp_path: Path) -> None:
 
 def test_unknown_backend_recipe_is_refused(tmp_path: Path) -> None:
     path = office(tmp_path, backends=[{"name": "a", "recipe": "no-such-recipe", "host": "a"},
-                                      {"name": "b", "recipe": "cpu-llamacpp", "host": "b"}])
+                                      {"name": "b", "recipe": "cpu-llamacpp--lan", "host": "b"}])
     render_refused(path, "backend 'a' names recipe 'no-such-recipe', which does not exist")
 
 
@@ -128,7 +128,7 @@ def test_an_unknown_variant_is_refused(tmp_path: Path) -> None:
 
 def test_a_url_backend_with_the_same_model_id_is_accepted(tmp_path: Path) -> None:
     ident = cli("gateway", "model-id", "cpu-llamacpp").stdout.strip()
-    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp--lan", "host": "a"},
                                       {"name": "b", "url": "http://10.0.0.9:8000", "models": ["ds4-tiny"],
                                        "manifest_sha256": ident}])
     gw = gateway.load_gateway(path)
@@ -136,7 +136,7 @@ def test_a_url_backend_with_the_same_model_id_is_accepted(tmp_path: Path) -> Non
 
 
 def test_a_url_backend_with_another_manifest_is_refused(tmp_path: Path) -> None:
-    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
+    path = office(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp--lan", "host": "a"},
                                       {"name": "b", "url": "http://10.0.0.9:8000", "models": ["ds4-tiny"],
                                        "manifest_sha256": "0" * 64}])
     render_refused(path, "different models")
@@ -267,7 +267,7 @@ def test_the_nginx_router_serves_one_model_name(tmp_path: Path) -> None:
                    "routing.router nginx serves one model name, and models lists 2 (ds4-tiny, other)",
                    "routing.router: smg")
     ident = cli("gateway", "model-id", "cpu-llamacpp").stdout.strip()
-    path = office_nginx(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp", "host": "a"},
+    path = office_nginx(tmp_path, backends=[{"name": "a", "recipe": "cpu-llamacpp--lan", "host": "a"},
                                             {"name": "c", "url": "http://10.0.0.9:8000", "models": ["other"],
                                              "manifest_sha256": ident}])
     render_refused(path, "backend 'c' does not serve 'ds4-tiny'")

@@ -23,6 +23,7 @@ the rest of the gateway on backends the rig starts (drain and rejoin, revocation
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -82,6 +83,11 @@ class Office:
         self.gw_key = ""
         self.url = f"http://{OFFICE.bind_address}:{OFFICE.port}"
         self.log: dict[str, str] = {}
+        self.stack_deploy: subprocess.CompletedProcess | None = None
+        self.gateway_deploy: subprocess.CompletedProcess | None = None
+        self.refusal: subprocess.CompletedProcess | None = None
+        # What up() made, so that down() undoes that and only that (a skip or a failure half-way included).
+        self.made_nodes = self.made_hosts_file = self.deployed = False
 
     def make(self, target: str, recipe: str, inventory: Path, timeout: float = 600) -> subprocess.CompletedProcess:
         """`make <target> RECIPE=<recipe> INVENTORY=<inventory>`, its output kept in <tmp>/<target>-<recipe>.log."""
@@ -125,19 +131,35 @@ class Office:
         if missing:
             pytest.fail(f"{', '.join(missing)} not on this machine. Fix: `make llamacpp` (the llama-server image), "
                         "`make deploy RECIPE=cpu` (the front door) and `ds4deploy gateway image` (the router)")
+        # The hosts get this machine's engine image, which their deploy keeps only when its context label is the
+        # recipe's (roles/image/tasks/build.yml; else it builds, with no registry or mirror here): `make llamacpp`
+        # builds it unlabelled, the first `make deploy RECIPE=cpu-llamacpp` labels it (make test: the lane before).
+        want = json.loads(subprocess.run([str(BIN / "ds4deploy"), "image", "context", RECIPE, "--dest",
+                                          str(self.tmp / "context")], capture_output=True, text=True, check=True,
+                                         timeout=600).stdout)["sha256"]
+        label = subprocess.run(["docker", "image", "inspect", "--format",
+                                '{{index .Config.Labels "io.ds4deploy.context-sha256"}}', STACK.image_ref],
+                               capture_output=True, text=True, check=False).stdout.strip()
+        if label != want:
+            pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: `make deploy "
+                        f"RECIPE=cpu-llamacpp` once (it labels the image), then `make down RECIPE=cpu-llamacpp`")
         taken = [p for p in (Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(STACK.gateway_key_file))
                  if p.exists()]
-        if taken or _gateway_containers():
-            pytest.skip(f"{', '.join(map(str, taken)) or 'the office gateway'} exists already: not this test's to "
-                        "replace")
+        if taken or _gateway_containers() or nodes.RUN.exists():
+            pytest.skip(f"{', '.join(map(str, taken)) or 'the office gateway or stand-in nodes'} exist(s) already: "
+                        "not this test's to replace")
+        supervise = Path("/var/lib/ds4deploy/supervise")
         self.remember(Path(STACK.key_file), Path(STACK.metrics_key_file), Path(STACK.gateway_key_file),
                       Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(gateway.metrics_key_file(OFFICE)),
                       gateway.people_dir(OFFICE), Path("/opt/ds4deploy/stacks") / project_name(STACK).removeprefix(
-                          "ds4-"), Path("/opt/ds4deploy/gateways") / GATEWAY, INCIDENTS_ROOT / STACK.base_name,
-                      INCIDENTS_ROOT / f"gateway-{GATEWAY}")
+                          "ds4-"), Path("/opt/ds4deploy/gateways") / GATEWAY, INCIDENTS_ROOT / RECIPE,
+                      INCIDENTS_ROOT / f"gateway-{GATEWAY}", *(supervise / f"{RECIPE}{suffix}" for suffix in (
+                          ".jsonl", *(f".{h}.restart.log" for h in HOSTS))), supervise / f"{GATEWAY}.jsonl")
         t0 = time.monotonic()
+        self.made_nodes = True
         self.nodes = nodes.up(STACK, count=len(HOSTS))
         addresses = nodes.link_to_host(self.nodes)
+        self.made_hosts_file = True
         _hosts_file_add({host: addresses[node] for host, node in HOSTS.items()})
         with host_docker.turn():  # streams images out of this machine's daemon
             nodes.load_images(self.nodes, [STACK.image_ref, front_door.IMAGE])
@@ -160,6 +182,7 @@ class Office:
         self.stack_inv, self.office_inv = self.inventories()
         self.refusal = self.gateway_before_its_backends()
         t0 = time.monotonic()
+        self.deployed = True
         self.stack_deploy = self.make("deploy", RECIPE, self.stack_inv, DEPLOY_TIMEOUT_S)
         print(f"make deploy RECIPE={RECIPE} on {len(HOSTS)} hosts: {time.monotonic() - t0:.0f} s")
         if self.stack_deploy.returncode == 0:
@@ -184,13 +207,16 @@ class Office:
             node.docker("rm", "-f", "office-base-standin")
 
     def down(self) -> None:
-        for name in (GATEWAY, STACK.base_name):
-            subprocess.run([str(BIN / "ds4deploy"), "supervisor", "stop", name], capture_output=True, env=self.env,
-                           check=False, timeout=120)
-        subprocess.run(["docker", "compose", "-p", f"ds4-gw-{GATEWAY}", "down", "--timeout", "10"],
-                       capture_output=True, check=False, timeout=300)
-        nodes.down(remove_data=True)
-        _hosts_file_remove()
+        if self.deployed:  # `make deploy` started the supervisors; a test that failed before `make down` left them
+            for name in (GATEWAY, RECIPE):
+                subprocess.run([str(BIN / "ds4deploy"), "supervisor", "stop", name], capture_output=True,
+                               env=self.env, check=False, timeout=120)
+            subprocess.run(["docker", "compose", "-p", f"ds4-gw-{GATEWAY}", "down", "--timeout", "10"],
+                           capture_output=True, check=False, timeout=300)
+        if self.made_nodes:
+            nodes.down(remove_data=True)
+        if self.made_hosts_file:
+            _hosts_file_remove()
         for p in self.created:
             if p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
@@ -203,13 +229,14 @@ def _hosts_file_add(names: dict[str, str]) -> None:
     networking and the stand-in hosts, which share /etc, all read it)."""
     _hosts_file_remove()
     lines = [HOSTS_BEGIN, *(f"{addr} {host}" for host, addr in names.items()), HOSTS_END]
+    text = Path("/etc/hosts").read_text()
     with open("/etc/hosts", "a", encoding="utf-8") as fh:
-        fh.write("\n".join(lines) + "\n")
+        fh.write(("" if text.endswith("\n") or not text else "\n") + "\n".join(lines) + "\n")
 
 
 def _hosts_file_remove() -> None:
     text = Path("/etc/hosts").read_text()
-    if HOSTS_BEGIN not in text:
+    if HOSTS_BEGIN + "\n" not in text or HOSTS_END + "\n" not in text:
         return
     head, _, rest = text.partition(HOSTS_BEGIN + "\n")
     _, _, tail = rest.partition(HOSTS_END + "\n")
@@ -243,9 +270,20 @@ def chat(office: Office, person: str, session: str | None = None) -> httpx.Respo
     return httpx.post(f"{office.url}/v1/chat/completions", json=body, headers=headers, timeout=120)
 
 
+@pytest.fixture
+def deployed(office) -> Office:
+    """The office, both deploys having passed (test_make_deploy_puts_... says why when not)."""
+    if not (office.stack_deploy and office.stack_deploy.returncode == 0 and office.gateway_deploy
+            and office.gateway_deploy.returncode == 0):
+        pytest.skip("a deploy failed: test_make_deploy_puts_a_stack_on_each_host_and_the_gateway_in_front says why")
+    return office
+
+
 def test_make_deploy_puts_a_stack_on_each_host_and_the_gateway_in_front(office) -> None:
-    assert office.stack_deploy.returncode == 0, office.log[f"deploy {RECIPE}"][-6000:]
-    assert office.gateway_deploy.returncode == 0, office.log[f"deploy {GATEWAY}"][-6000:]
+    assert office.stack_deploy is not None and office.stack_deploy.returncode == 0, \
+        office.log[f"deploy {RECIPE}"][-6000:]
+    assert office.gateway_deploy is not None and office.gateway_deploy.returncode == 0, \
+        office.log[f"deploy {GATEWAY}"][-6000:]
     for out in office.log.values():
         assert office.gw_key not in out and office.own_key not in out
         assert not any(k in out for k in office.keys.values())
@@ -263,6 +301,7 @@ def test_a_gateway_before_its_backends_is_refused(office) -> None:
     nothing are each named, with the deploy that fixes it; nothing was written."""
     a, b = list(HOSTS)
     p = office.refusal
+    assert p is not None, "the run stopped before the check"
     assert p.returncode == 2 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
     assert (f"backend 'box-a': {a} runs recipe {STACK.base_name} in compose project {project_name(STACK)}, "
             f"not '{RECIPE}'") in p.stderr, p.stderr
@@ -270,7 +309,8 @@ def test_a_gateway_before_its_backends_is_refused(office) -> None:
     assert f"make deploy RECIPE={RECIPE}" in p.stderr, p.stderr
 
 
-def test_make_status_shows_both_hosts_and_the_gateway(office) -> None:
+def test_make_status_shows_both_hosts_and_the_gateway(deployed) -> None:
+    office = deployed
     p = office.make("status", RECIPE, office.stack_inv)
     out = p.stdout + p.stderr
     assert p.returncode == 0, out
@@ -282,7 +322,8 @@ def test_make_status_shows_both_hosts_and_the_gateway(office) -> None:
         assert f"{b.name} {_url(b.host)}: ready" in out, out
 
 
-def test_sessions_spread_over_both_hosts_and_stay(office) -> None:
+def test_sessions_spread_over_both_hosts_and_stay(deployed) -> None:
+    office = deployed
     """12 sessions x 3 turns, the 12 of a turn at once: every turn of a session answered by the host of its first
     turn, both hosts used; then each person's usage equals the requests they made."""
     time.sleep(1.5)  # the door's access log is flushed at most 1 s after a request (flush=1s in the render)
@@ -307,6 +348,20 @@ def test_sessions_spread_over_both_hosts_and_stay(office) -> None:
         assert after[person]["requests"] - before.get(person, {}).get("requests", 0) == made[person], person
 
 
+def _router_pool(office: Office) -> dict[str, str]:
+    """url -> status of the router's pool, read from its control plane with the gateway key."""
+    r = httpx.get(f"http://127.0.0.1:{OFFICE.router_port}/workers", timeout=10,
+                  headers={"authorization": f"Bearer {office.gw_key}"})
+    assert r.status_code == 200, r.status_code
+    return {w["url"].rstrip("/"): w.get("status") for w in r.json()["workers"]}
+
+
+def _journal() -> list[dict]:
+    """The stack supervisor's journal (its `make deploy` started it)."""
+    return [json.loads(ln) for ln in Path(f"/var/lib/ds4deploy/supervise/{RECIPE}.jsonl").read_text().splitlines()
+            if ln.strip()]
+
+
 def _back_bound_s() -> float:
     """Seconds from a host's stack killed to it answering through the gateway again, from the Policy and the recipe:
     the misses that make the supervisor restart (one check more of slack, each with its 5 s health timeout), the
@@ -319,7 +374,8 @@ def _back_bound_s() -> float:
             + 180)
 
 
-def test_a_dead_hosts_sessions_move_on_and_it_comes_back(office) -> None:
+def test_a_dead_hosts_sessions_move_on_and_it_comes_back(deployed) -> None:
+    office = deployed
     """box-a's stack dies (both containers killed): each of its sessions' next turn is answered by box-b, none
     failing; the stack's supervisor (started by its `make deploy`) brings box-a back within its Policy's bound, and
     the router sends new sessions to it again."""
@@ -331,6 +387,7 @@ def test_a_dead_hosts_sessions_move_on_and_it_comes_back(office) -> None:
         pins[s] = r.headers["x-smg-routed-worker-id"]
     assert set(pins.values()) == {_url(a), _url(b)}, pins
     node = office.node(a)
+    killed_at = time.time()
     node.docker("kill", *node.docker("ps", "--quiet").stdout.split())
     t0 = time.monotonic()
     for s, first in pins.items():
@@ -340,21 +397,34 @@ def test_a_dead_hosts_sessions_move_on_and_it_comes_back(office) -> None:
     print(f"12 next turns after {a} died: {time.monotonic() - t0:.1f} s")
     bound = _back_bound_s()
     deadline = time.monotonic() + bound
-    back = False
-    while time.monotonic() < deadline and not back:
+    restarts: list[dict] = []
+    while time.monotonic() < deadline and not restarts:
         time.sleep(5)
-        got = {chat(office, "bob", session=f"back-{i}-{time.monotonic()}").headers.get("x-smg-routed-worker-id")
-               for i in range(6)}
-        back = _url(a) in got
-    print(f"{a} answering through the gateway again after {time.monotonic() - t0:.0f} s (bound {bound:.0f} s)")
-    assert back, f"{a} not back through the gateway within {bound:.0f} s"
+        restarts = [e for e in _journal() if e["event"] == "restarted" and e["t"] >= killed_at]
+    print(f"{a} restarted by its supervisor after {time.monotonic() - t0:.0f} s")
+    assert restarts, f"no restart of {a} journaled within {bound:.0f} s: {_journal()[-5:]}"
+    used: set[str] = set()
+    while time.monotonic() < deadline and _url(a) not in used:
+        with ThreadPoolExecutor(max_workers=12) as pool:  # 12 new sessions at once: least_load spreads them
+            used = {r.headers.get("x-smg-routed-worker-id") for r in pool.map(
+                lambda i: chat(office, "bob", session=f"back-{i}-{time.monotonic()}"), range(12))}
+        time.sleep(0 if _url(a) in used else 5)
+    print(f"new sessions reach {a} again after {time.monotonic() - t0:.0f} s (bound {bound:.0f} s)")
+    assert _url(a) in used, f"no new session reached {a} within {bound:.0f} s: {used}"
+    restarts = [e for e in _journal() if e["event"] == "restarted" and e["t"] >= killed_at]
+    assert {e["host"] for e in restarts} == {a}, restarts  # box-b was never restarted
+    # Sessions pinned to box-b before the kill stayed there through box-a's restart.
+    for s, first in pins.items():
+        if first == _url(b):
+            assert chat(office, "alice", session=f"dies-{s}").headers["x-smg-routed-worker-id"] == _url(b)
 
 
-def test_make_down_saves_the_evidence_of_each(office) -> None:
+def test_make_down_saves_the_evidence_of_each(deployed) -> None:
+    office = deployed
     """Runs last: `make down` of the gateway, then of the two hosts' stacks, each saving its logs in an incident
     folder before anything is removed; nothing of either runs afterwards."""
     for recipe, inventory, folder in ((GATEWAY, office.office_inv, f"gateway-{GATEWAY}"),
-                                      (RECIPE, office.stack_inv, STACK.base_name)):
+                                      (RECIPE, office.stack_inv, RECIPE)):
         before = set((INCIDENTS_ROOT / folder).glob("*"))
         p = office.make("down", recipe, inventory)
         assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
@@ -367,6 +437,6 @@ def test_make_down_saves_the_evidence_of_each(office) -> None:
     assert _gateway_containers() == []
     for host in HOSTS:
         assert office.node(host).docker("ps", "--all", "--quiet").stdout.split() == [], host
-    for name in (GATEWAY, STACK.base_name):  # `make down` stopped each supervisor first
+    for name in (GATEWAY, RECIPE):  # `make down` stopped each supervisor first
         assert subprocess.run([str(BIN / "ds4deploy"), "supervisor", "status", name], capture_output=True,
                               check=False).returncode == 1, name

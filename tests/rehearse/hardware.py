@@ -158,7 +158,8 @@ def write_node_files(recipe: Recipe, dest: Path) -> dict[str, Path | None]:
     """Write every hardware stand-in file of one node of `recipe` into `dest`; returns their paths."""
     dest.mkdir(parents=True, exist_ok=True)
     (dest / "bin").mkdir(exist_ok=True)
-    (dest / "bin" / "gpus.json").write_text(json.dumps(gpu_table(recipe), indent=1))
+    if recipe.hardware.gpus.count:  # a CPU host has no nvidia-smi (`nodes.up` installs the stand-in with GPUs only)
+        (dest / "bin" / "gpus.json").write_text(json.dumps(gpu_table(recipe), indent=1))
     (dest / "cpuinfo").write_text(cpuinfo(recipe))
     (dest / "meminfo").write_text(meminfo(recipe))
     (dest / "machine.json").write_text(json.dumps({"architecture": recipe.hardware.cpu.arch}))

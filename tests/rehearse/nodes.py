@@ -90,7 +90,7 @@ class Node:
 
 def nodes_for(recipe: Recipe, count: int | None = None) -> list[Node]:
     """The stand-in nodes of `recipe`: node-a (the head, or the single node), node-b (the worker). `count` (at most
-    len(NAMES)) asks for that many instead: two hosts each running a one-node recipe (tests/gateway's office)."""
+    len(NAMES)) asks for that many instead: two hosts each running a one-node recipe (tests/office)."""
     return [Node(n) for n in NAMES[: count or recipe.hardware.nodes]]
 
 
@@ -187,7 +187,8 @@ def up(recipe: Recipe, count: int | None = None) -> list[Node]:
         node.dir.mkdir(parents=True, exist_ok=True)
         files = hardware.write_node_files(recipe, node.dir)
         for stub in ("nvidia-smi", "nvidia-container-runtime-hook", "runc-rehearse"):
-            shutil.copy(STANDIN / stub, node.dir / "bin" / stub)
+            if stub != "nvidia-smi" or recipe.hardware.gpus.count:  # a CPU host has none
+                shutil.copy(STANDIN / stub, node.dir / "bin" / stub)
         node.enter.write_text(_enter_script(node))
         node.enter.chmod(0o755)
         _run(["ip", "netns", "add", node.netns])

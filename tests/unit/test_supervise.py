@@ -6,6 +6,7 @@ the injected `sleep` advances the injected clock."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -472,31 +473,74 @@ def test_the_probe_s_own_token_is_not_work(tmp_path):
     assert [e["state"] for e in events if e["event"] == "engine"] == ["idle"], events
 
 
-def _replica(name: str, script: list[bool]) -> FakeGroup:
-    return FakeGroup(FakeClock(), script=script, url=f"http://{name}:8020",
-                     nodes=[Node(name, 0, "single", "", "", "compose.yaml", name)])
+@dataclass
+class Replica(FakeGroup):
+    """One replica of a one-node recipe on its own host (`make_targets`). `checked` is set once it has answered
+    `wait_checks` health checks; a restart waits (up to 10 s) for `restart_waits_for`, recording whether it came."""
+
+    replica: str = ""
+    wait_checks: int = 0
+    checked: threading.Event = field(default_factory=threading.Event)
+    restart_waits_for: threading.Event | None = None
+    waited: list[bool] = field(default_factory=list)
+
+    def health(self, timeout_s: float = 5) -> tuple[bool, str]:
+        out = super().health(timeout_s)
+        if self.checks >= self.wait_checks:
+            self.checked.set()
+        return out
+
+    def restart(self, timeout_s: float, log, incident=None) -> tuple[bool, float]:
+        if self.restart_waits_for is not None:
+            self.waited.append(self.restart_waits_for.wait(10))
+        return super().restart(timeout_s, log, incident)
+
+
+def _replica(name: str, script: list[bool], **kw) -> Replica:
+    return Replica(FakeClock(), script=script, url=f"http://{name}:8020", replica=name,
+                   nodes=[Node(name, 0, "single", "", "", "compose.yaml", name)], **kw)
 
 
 def test_replicas_are_watched_and_restarted_each_alone(tmp_path):
     """Two replicas of a one-node recipe (`supervise_all`, real threads and short real intervals): box-a fails its
-    health twice and is restarted; box-b, healthy, is never restarted; every record names its host, the failure and
-    the restart box-a's."""
-    a, b = _replica("box-a", [False, False]), _replica("box-b", [])
+    health twice and is restarted, its restart going on while box-b is being checked (box-a's restart waits for
+    box-b's third check: watched one after the other, it would wait in vain); box-b, healthy, is never restarted;
+    every record names its host, the failure and the restart box-a's."""
+    b = _replica("box-b", [], wait_checks=3)
+    a = _replica("box-a", [False, False], restart_waits_for=b.checked)
     journal = Journal(tmp_path / "sup.jsonl")
     fast = Policy(**{**POLICY, "interval_s": 0.01, "backoff_s": 0.01, "backoff_max_s": 0.01}, max_restarts=5,
                   window_s=3600)
-    assert supervise_all([a, b], fast, journal, max_cycles=4) == 0
-    assert len(a.restarts) >= 1 and b.restarts == []
+    assert supervise_all([a, b], fast, journal, max_cycles=6) == 0
+    assert len(a.restarts) >= 1 and all(a.waited) and b.restarts == []
     events = _events(journal)
     assert {e["host"] for e in events} == {"box-a", "box-b"}
     assert {e["host"] for e in events if e["event"] in ("failure", "restarted")} == {"box-a"}
 
 
+def test_a_replica_whose_watch_crashes_is_journaled_and_the_others_go_on(tmp_path):
+    class Broken(Replica):
+        def container_states(self) -> dict[str, str]:
+            raise RuntimeError("docker CLI missing")
+
+    broken = Broken(FakeClock(), script=[], url="http://box-a:8020", replica="box-a",
+                    nodes=[Node("box-a", 0, "single", "", "", "compose.yaml", "box-a")])
+    journal = Journal(tmp_path / "sup.jsonl")
+    fast = Policy(**{**POLICY, "interval_s": 0.01}, max_restarts=5, window_s=3600)
+    assert supervise_all([broken, _replica("box-b", [])], fast, journal, max_cycles=3) == 1
+    events = _events(journal)
+    assert [e for e in events if e["event"] == "crashed"] == [
+        {**e, "host": "box-a", "detail": "RuntimeError: docker CLI missing"} for e in events if e["event"] == "crashed"]
+    assert len([e for e in events if e["event"] == "crashed"]) == 1
+    assert any(e["host"] == "box-b" and e["event"] == "start" for e in events)
+
+
 @pytest.mark.tool
-def test_one_node_recipe_on_two_hosts_is_two_targets_with_an_inventory_each(tmp_path):
+def test_one_node_recipe_on_two_hosts_is_two_targets_each_restarted_alone(tmp_path):
     """`make_targets` (ansible-inventory reads the inventory): the lan variant of cpu-llamacpp on box-a and box-b is a
-    target per host at its own address, whose restart play runs on an inventory of that host alone; one host is
-    one target on the inventory given; --url is refused for replicas."""
+    target per host at its own address, whose restart play is limited to it (ds4_replica) and which holds the one
+    lock of the recipe's replicas; one host is one target restarting the group; --url is refused for replicas. The
+    key comes from this host's key file here (no stack runs on these hosts)."""
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     (secrets / "office.env").write_text("VLLM_API_KEY=ds4-" + "k" * 40 + "\n")
@@ -507,20 +551,22 @@ def test_one_node_recipe_on_two_hosts_is_two_targets_with_an_inventory_each(tmp_
     path = tmp_path / "cpu-llamacpp.yaml"
     path.write_text(yaml.safe_dump(base, sort_keys=False))
     recipe = load_recipe(str(path))
-    hosts = {"box-a": {"ansible_host": "10.0.0.11", "ansible_connection": "ssh"},
-             "box-b": {"ansible_host": "10.0.0.12", "ansible_connection": "ssh"}}
+    # No Docker daemon answers at these addresses: the keys come from the key file.
+    hosts = {"box-a": {"ansible_host": "10.0.0.11", "ds4_docker_host": f"unix://{tmp_path}/none-a.sock"},
+             "box-b": {"ansible_host": "10.0.0.12", "ds4_docker_host": f"unix://{tmp_path}/none-b.sock"}}
     inv = tmp_path / "office.yml"
-    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts, "vars": {"ansible_user": "ops"}}}))
-    targets = make_targets(recipe, inv, replica_dir=tmp_path / "replicas")
-    assert [(t.url, [n.name for n in t.nodes]) for t in targets] == [
-        ("http://10.0.0.11:8020", ["box-a"]), ("http://10.0.0.12:8020", ["box-b"])]
-    for t, name in zip(targets, hosts, strict=True):
-        one = yaml.safe_load(t.inventory.read_text())["all"]["hosts"]
-        assert list(one) == [name] and one[name]["ansible_host"] == hosts[name]["ansible_host"]
-        assert one[name]["ansible_user"] == "ops"  # the group's variables come along
-        assert t.key == "ds4-" + "k" * 40
+    inv.write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    targets = make_targets(recipe, inv)
+    assert [(t.url, [n.name for n in t.nodes], t.replica) for t in targets] == [
+        ("http://10.0.0.11:8020", ["box-a"], "box-a"), ("http://10.0.0.12:8020", ["box-b"], "box-b")]
+    assert all(t.inventory == inv and t.key == "ds4-" + "k" * 40 for t in targets)
+    assert targets[0].restart_lock is targets[1].restart_lock is not None
     with pytest.raises(UserError, match="runs a replica on each of 2 hosts"):
         make_targets(recipe, inv, url="http://10.0.0.11:8020")
+    (secrets / "office.env").unlink()
+    with pytest.raises(UserError, match="replica on box-a: its stack is not running and this host has no"):
+        make_targets(recipe, inv)
+    (secrets / "office.env").write_text("VLLM_API_KEY=ds4-" + "k" * 40 + "\n")
     inv.write_text(yaml.safe_dump({"all": {"hosts": {"box-a": hosts["box-a"]}}}))
     (only,) = make_targets(recipe, inv)
-    assert only.inventory == inv and only.url == "http://10.0.0.11:8020"
+    assert only.replica is None and only.restart_lock is None and only.url == "http://10.0.0.11:8020"
