@@ -131,7 +131,7 @@ def deployment_problems(gw: GatewayRecipe, inv: Inventory) -> list[str]:
         elif not running:
             problems.append(f"backend '{w.backend}': recipe '{w.recipe}' is not deployed on {w.inventory_host} (no "
                             f"running container of compose project {w.project}): {deploy}")
-        elif others := sorted({r for r in running.values() if r != w.recipe}):
+        elif others := sorted({r for r in running.values() if r and r != w.recipe}):  # unlabelled: not known
             problems.append(f"backend '{w.backend}': {w.inventory_host} runs recipe {', '.join(others)} in compose "
                             f"project {w.project}, not '{w.recipe}' (a variant replaces its base there): {deploy}")
     return problems

@@ -37,7 +37,8 @@ from ds4deploy.render.compose import node_project_name, project_name
 
 INCIDENTS_ROOT = Path("/var/lib/ds4deploy/incidents")
 # Incidents kept per recipe: a restart loop of the supervisor (at most 5 restarts an hour by default) leaves a day of
-# evidence; each incident is the nodes' logs (json-file driver, at most log_max_size x log_max_files per container).
+# evidence (less when several replicas of the recipe fail, each with its own restart budget and one folder); each
+# incident is the nodes' logs (json-file driver, at most log_max_size x log_max_files per container).
 KEEP = 20
 DOCKER_TIMEOUT_S = 60
 

@@ -51,6 +51,15 @@ def _split_path(hit: str) -> list[str | int]:
     return out
 
 
+def split_variant(name: str) -> tuple[str, str | None]:
+    """``<recipe>--<variant>`` -> (recipe, variant); a name whose own file exists under recipes/, or a path, ->
+    (name, None)."""
+    if VARIANT_SEP in name and "/" not in name and not (paths.RECIPES_DIR / f"{name}.yaml").is_file():
+        base, variant = name.split(VARIANT_SEP, 1)
+        return base, variant
+    return name, None
+
+
 def load_recipe(name_or_path: str | Path) -> Recipe:
     """Load and validate a recipe (and, for a base recipe, every one of its variants).
 
@@ -64,10 +73,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             its recipe's validation). The message names the file, every bad key path with its value, and what is
             allowed there.
     """
-    name = str(name_or_path)
-    variant = None
-    if VARIANT_SEP in name and "/" not in name and not (paths.RECIPES_DIR / f"{name}.yaml").is_file():
-        name, variant = name.split(VARIANT_SEP, 1)
+    name, variant = split_variant(str(name_or_path))
     path = resolve_recipe_path(name)
     doc = load_strict(path)
     data = _extended(path, doc.data, ())

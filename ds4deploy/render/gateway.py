@@ -40,7 +40,7 @@ from ds4deploy.core.keys import KEY_RE, KEY_RULE
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
-from ds4deploy.recipe.load import load_recipe, problem_lines
+from ds4deploy.recipe.load import load_recipe, problem_lines, split_variant
 from ds4deploy.recipe.schema import VARIANT_SEP, GatewayRecipe
 from ds4deploy.render import front_door
 from ds4deploy.render.compose import COMPOSE_DIR
@@ -172,7 +172,7 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
             assert b.url is not None
             out.append(Backend(b.name, b.url, tuple(b.models), b.manifest_sha256 or f"url:{b.url}"))
             continue
-        base = b.recipe if (paths.RECIPES_DIR / f"{b.recipe}.yaml").is_file() else b.recipe.split(VARIANT_SEP)[0]
+        base = split_variant(b.recipe)[0]
         if not (paths.RECIPES_DIR / f"{base}.yaml").is_file():
             known = ", ".join(sorted(p.stem for p in paths.RECIPES_DIR.glob("*.yaml")))
             problems.append(f"backend '{b.name}' names recipe '{b.recipe}', which does not exist (recipes: {known}; "

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.recipe import paths as recipe_paths
-from ds4deploy.recipe.load import load_recipe
-from ds4deploy.recipe.schema import VARIANT_SEP, GatewayRecipe, Recipe
+from ds4deploy.recipe.load import load_recipe, split_variant
+from ds4deploy.recipe.schema import GatewayRecipe, Recipe
 
 # Metrics that are one session's decode rate (tok/s): vLLM's per-request decode rate and the per-session output
 # rate at concurrency 1 are the same figure (ds4deploy.bench.metrics).
@@ -167,7 +167,7 @@ def _gateway_backends(gw: GatewayRecipe) -> str:
 
     urls = {b.name: b.url for b in resolve_backends(gw)}
     # A variant (<recipe>--<variant>) links its base recipe's file, where its variants: section is.
-    return "; ".join(f"{b.name}: [{b.recipe}]({b.recipe.split(VARIANT_SEP)[0]}.yaml) at {urls[b.name]}"
+    return "; ".join(f"{b.name}: [{b.recipe}]({split_variant(b.recipe)[0]}.yaml) at {urls[b.name]}"
                      if b.recipe is not None else f"{b.name}: {b.url} ({', '.join(b.models)})" for b in gw.backends)
 
 

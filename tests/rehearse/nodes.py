@@ -218,7 +218,14 @@ def link_to_host(nodes: list[Node]) -> dict[str, str]:
     host networking on either side reach the other end's address. Removed with the node's namespace (`down`).
 
     Returns:
-        node name -> its address."""
+        node name -> its address.
+    Raises:
+        RuntimeError: this machine already routes part of 10.241.0.0/16 (the links would clash with it)."""
+    taken = [ln for ln in _run(["ip", "-4", "route", "show"]).stdout.splitlines() if ln.startswith("10.241.")]
+    if taken:
+        raise RuntimeError(f"this machine already routes {'; '.join(taken)}: the stand-in hosts' links to it "
+                           "(10.241.<i>.0/24) would clash. Fix: remove that route (a link left by an interrupted run: "
+                           "`ip link del ds4h-a`), or move `host_address` to a free private block")
     out = {}
     for node in nodes:
         here, there = HOST_LINK + node.name[-1], "ds4h0"

@@ -62,7 +62,8 @@ def test_every_gateway_recipe_has_a_row():
 
 def test_a_refused_gateway_recipe_stops_the_index_and_writes_nothing(recipe_dir):
     (recipe_dir / "gateways").mkdir()
-    gw = (REPO / "recipes" / "gateways" / "office.yaml").read_text().replace("recipe: cpu-llamacpp--lan", "recipe: nosuch")
+    gw = (REPO / "recipes" / "gateways" / "office.yaml").read_text()
+    gw = gw.replace("recipe: cpu-llamacpp--lan", "recipe: nosuch")
     (recipe_dir / "gateways" / "office.yaml").write_text(gw)
     p = run_cli("recipe", "index", env_dir=recipe_dir)
     assert p.returncode == 2 and "names recipe 'nosuch', which does not exist" in p.stderr, p.stderr
