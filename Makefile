@@ -300,7 +300,9 @@ e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front o
 # on both, `make deploy RECIPE=office` here in front of them, then status, sessions spread and kept, usage, a host's
 # stack killed (its sessions move on; its supervisor brings it back and the router takes it again), `make down` of
 # both. Root; needs the llamacpp-cpu image (`make llamacpp`), the front door image and the router image. Runs after
-# e2e-llamacpp-steps in `make test` (last-lanes), never beside it (one recipe: one key file, one supervisor).
+# e2e-llamacpp-steps in `make test` (last-lanes), never beside it (one base recipe: one key file, one compose project).
+# Alone on the 2-core machine: 275 s, 6 passed (2026-12-03: hosts and image loads 12 s, the two deploys 74 + 39 s,
+# box-a back through the gateway 36 s after its stack was killed, teardown 63 s).
 e2e-office: venv ## the office gateway in front of cpu-llamacpp--lan deployed on two stand-in hosts
 	@$(call TIER,e2e-office) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/office
 
