@@ -14,11 +14,13 @@ box-b.office.lan, in /etc/hosts for the run). Then, with the product's targets o
    machine, its deploy checking that each backend's recipe runs on its host (read through that host's Docker) and
    answers with the gateway key.
 
-Proven: `make status` of both, 12 sessions x 3 turns spread over both hosts with every turn of a session on one host,
-per-person usage adding up to what the clients were answered, a host whose stack dies taking none of the next turns
-of its sessions (each answered by the other, none failing) and coming back by its own supervisor, then `make down`
-of the gateway and of the two hosts, each saving its logs first. The loopback gateway's tests (tests/gateway) prove
-the rest of the gateway on backends the rig starts (drain and rejoin, revocation, the conformance matrix, fallback).
+Proven: a gateway deploy before its backends refused, `make status` of both, 12 sessions x 3 turns spread over both
+hosts with every turn of a session on one host, per-person usage equal to the requests made, a revoked key refused
+at once, the client conformance matrix through the door as on one stack, a host whose stack dies taking none of the
+next turns of its sessions (each answered by the other, none failing) and coming back by its own supervisor (box-b
+never restarted), then `make down` of the gateway and of the two hosts, each saving its logs first. The loopback
+gateway's tests (tests/gateway) prove the rest on backends the rig starts (drain and rejoin, fallback, the router's
+restart by its supervisor, token counts per person).
 """
 
 from __future__ import annotations
@@ -46,7 +48,9 @@ from ds4deploy.render import front_door, gateway
 from ds4deploy.render.compose import project_name
 from tests.rehearse import nodes
 from tests.support import host_docker
+from tests.support.gateway_matrix import check_matrix_through
 from tests.support.gateway_usage import usage_table
+from tools.gateway_rig import write_secret
 
 RECIPE = "cpu-llamacpp--lan"
 GATEWAY = "office"
@@ -167,7 +171,6 @@ class Office:
         # The keys as an owner leaves them (docs/gateway.md, "Backends"): the stack's own key (kept when this
         # machine's cpu-llamacpp deploy left one: the same base recipe, the same file) and the gateway's beside it.
         from ds4deploy.operate.key_file import parse_env_file
-        from tools.gateway_rig import write_secret
 
         key_file = Path(STACK.key_file)
         key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -372,6 +375,35 @@ def _back_bound_s() -> float:
     policy = Policy()
     return ((policy.failures_to_restart + 1) * (policy.interval_s + 5) + STACK.container.start_period_s + 2 * 60
             + 180)
+
+
+def test_a_revoked_key_is_refused_at_once(deployed) -> None:
+    """bob's line removed from the people key file and `ds4deploy gateway keys office --reload`: his very next request
+    is refused at the door while alice's is answered; his line back, he is answered again."""
+    office = deployed
+    people = Path(OFFICE.people_key_file)
+    whole = people.read_text()
+    assert chat(office, "bob").status_code == 200
+    write_secret(people, "".join(ln for ln in whole.splitlines(keepends=True) if not ln.startswith("bob ")))
+    try:
+        p = subprocess.run([str(BIN / "ds4deploy"), "gateway", "keys", GATEWAY, "--reload"], capture_output=True,
+                           text=True, check=False, timeout=180)
+        assert p.returncode == 0 and "no key (refused at the door): bob" in p.stdout, p.stdout + p.stderr
+        assert (chat(office, "bob").status_code, chat(office, "alice").status_code) == (401, 200)
+    finally:
+        write_secret(people, whole)
+        back = subprocess.run([str(BIN / "ds4deploy"), "gateway", "keys", GATEWAY, "--reload"], capture_output=True,
+                              text=True, check=False, timeout=180)
+        assert back.returncode == 0, back.stderr
+    assert chat(office, "bob").status_code == 200
+
+
+def test_conformance_matrix_through_the_office_gateway(deployed, tmp_path) -> None:
+    """The client conformance matrix through the office's door with a person's key, in front of the two deployed
+    stacks: as on one cpu-llamacpp stack (`check_matrix_through`)."""
+    office = deployed
+    key_file = write_secret(tmp_path / "alice.env", f"VLLM_API_KEY={office.keys['alice']}\n")
+    check_matrix_through(office.url, key_file, office.keys["alice"], MODEL, tmp_path / "report")
 
 
 def test_a_dead_hosts_sessions_move_on_and_it_comes_back(deployed) -> None:
