@@ -26,9 +26,13 @@ SHUTTING_DOWN = "nginx: worker process is shutting down"
 # removed and loaded a 4 GB image (make test's last phase: tests/offline beside tests/gateway), a 30 s bound was
 # exceeded once; 120 s bounds a daemon that busy and still names a reload that never takes.
 RELOAD_TIMEOUT_S = 120.0
-# Lists every process of the container as "<pid> <title>" from /proc (the front door image has no ps).
-_LIST = ('for d in /proc/[0-9]*; do t=$(tr "\\0" " " < "$d/cmdline" 2>/dev/null); '
-         '[ -n "$t" ] && echo "${d#/proc/} $t"; done')
+# Lists every process of the container as "<pid> <title>" from /proc (the front door image has no ps). A process can
+# end between the glob and the read (an old worker finishing its last request, the list's own `tr`): its stderr is
+# discarded before its input is opened (redirections apply left to right), and the list ends with `true`, so such a
+# process is left out instead of failing the list (a make test run's redeploy failed on "cannot open
+# /proc/42/cmdline", 2026-12-03).
+_LIST = ('for d in /proc/[0-9]*; do t=$(tr "\\0" " " 2>/dev/null < "$d/cmdline"); '
+         '[ -n "$t" ] && echo "${d#/proc/} $t"; done; true')
 
 
 # Seconds one docker command may take before the front door counts as not answering: a docker exec answers in well
