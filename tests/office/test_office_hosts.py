@@ -64,7 +64,7 @@ BIN = Path(sys.executable).parent
 REHEARSE = REPO_ROOT / "tests" / "rehearse"
 # /etc/hosts lines of this run, between these two markers (removed at its end, nothing else touched).
 HOSTS_BEGIN, HOSTS_END = "# ds4deploy tests/office: begin", "# ds4deploy tests/office: end"
-# Seconds the stack's deploy on the two hosts may take: 69-74 s alone here, about 130 s in make test's last phase
+# Seconds the stack's deploy on the two hosts may take: 69-74 s alone here, 81 s in make test's last phase
 # (2026-12-03); ten times that bounds a CI host much busier than ours and still ends a hung deploy.
 DEPLOY_TIMEOUT_S = 1200
 
