@@ -33,7 +33,7 @@ from ds4deploy.conformance import cases, engine_rules, report
 from ds4deploy.conformance.common import NO_MESSAGE_START_SDK
 from ds4deploy.conformance.record import load_shapes
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.net import base_url
+from ds4deploy.core.net import base_url, is_loopback_host
 from ds4deploy.engines import family_of_models
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.schema import Benchmark, Recipe
@@ -97,11 +97,7 @@ def bind_of(recipe: Recipe | None, url: str) -> tuple[bool | None, str]:
         addr = recipe.serving.bind_address
         return ipaddress.ip_address(addr).is_loopback, f"recipe {recipe.name} binds {addr}"
     host = urlsplit(url).hostname or ""
-    try:
-        loop = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loop = False
-    if loop:
+    if is_loopback_host(host):
         return None, f"bind not known: reached on {host}, the server may also listen on other addresses"
     return False, f"reached over the network at {host}"
 

@@ -13,6 +13,16 @@ def url_host(addr: str) -> str:
         return addr  # a host name
 
 
+def is_loopback_host(host: str) -> bool:
+    """True for ``localhost`` and a loopback address (127.0.0.0/8, ::1); False for any other address or host name."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def base_url(addr: str, port: int) -> str:
     """``http://<addr>:<port>`` with IPv6 bracketed; the unspecified address (0.0.0.0, ::) maps to loopback. `addr`
     may be a host name (``gx10-a.lan``), used as is."""

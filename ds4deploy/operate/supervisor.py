@@ -54,6 +54,7 @@ A gateway (recipes/gateways/) is watched by the same loop and policy through a t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -71,7 +72,7 @@ from ds4deploy.core.secret_scan import redact_shapes
 from ds4deploy.operate.incidents import Incident, collect, docker_env, node_project
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.operate.progress import READERS, ProgressWatch, Reading
-from ds4deploy.plan.nodes import Node, plan_from_inventory
+from ds4deploy.plan.nodes import Node, plan
 from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Recipe, Serving
 
@@ -249,9 +250,7 @@ class Target:
         """
         extra = ([f"recipe={self.recipe.name}"] + ([f"ds4_incident_dir={incident}"] if incident is not None else [])
                  + ([f"ds4_replica={self.replica}"] if self.replica is not None else []))
-        if self.restart_lock is None:
-            return run_playbook("restart.yml", self.inventory, extra, timeout_s, log)
-        with self.restart_lock:
+        with self.restart_lock or contextlib.nullcontext():
             return run_playbook("restart.yml", self.inventory, extra, timeout_s, log)
 
 
@@ -273,15 +272,15 @@ def make_targets(recipe: Recipe, inventory: Path, url: str | None = None) -> lis
     and its restart limited to it (``ds4_replica``).
 
     Raises:
-        UserError: as `make_target`; `url` given for replicas (each host has its own); a replica's key that can be
-            read neither from its running stack nor from this host's key file.
+        UserError: the inventory does not fit the recipe; as `make_target`; `url` given for replicas (each host has
+            its own); a replica's key that can be read neither from its running stack nor from this host's key file.
     """
     from ds4deploy.plan.inventory import read_inventory
 
     hosts = read_inventory(inventory).hosts
-    nodes = plan_from_inventory(recipe, inventory)
+    nodes = plan(recipe, hosts)
     if recipe.hardware.nodes > 1 or len(nodes) == 1:
-        return [make_target(recipe, inventory, url, hosts, nodes)]
+        return [make_target(recipe, inventory, hosts, nodes, url)]
     if url is not None:
         raise UserError(f"--url names one API, but recipe '{recipe.name}' runs a replica on each of "
                         f"{len(nodes)} hosts ({', '.join(n.name for n in nodes)})",
@@ -326,18 +325,13 @@ def replica_key(recipe: Recipe, node: Node, hosts: dict[str, dict]) -> str | Non
                         "it after the stacks), or copy that host's key file here (mode 0600)") from None
 
 
-def make_target(recipe: Recipe, inventory: Path, url: str | None = None, hosts: dict[str, dict] | None = None,
-                nodes: list[Node] | None = None) -> Target:
-    """Plan the nodes from the inventory (unless given with their `hosts`) and find the head's URL and the API key.
+def make_target(recipe: Recipe, inventory: Path, hosts: dict[str, dict], nodes: list[Node],
+                url: str | None = None) -> Target:
+    """The node group `nodes` (planned from the inventory's `hosts`) as one target: the head's URL and the API key.
 
     Raises:
-        UserError: the inventory does not fit the recipe; the key file is unreadable.
+        UserError: the key file is unreadable.
     """
-    from ds4deploy.plan.inventory import read_inventory
-
-    if hosts is None or nodes is None:
-        hosts = read_inventory(inventory).hosts
-        nodes = plan_from_inventory(recipe, inventory)
     key = None
     if recipe.serving.auth.mode == "api_key":
         try:

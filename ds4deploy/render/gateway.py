@@ -37,6 +37,7 @@ from pydantic import ValidationError
 from ds4deploy.build.gateway_image import image_ref
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.keys import KEY_RE, KEY_RULE
+from ds4deploy.core.net import is_loopback_host
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
@@ -137,22 +138,11 @@ def manifest_identity(files: dict) -> str:
     return hashlib.sha256(canon.encode()).hexdigest()
 
 
-def _loopback_host(host: str) -> bool:
-    """True for ``localhost`` and a loopback address (127.0.0.0/8, ::1): the gateway's own host."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _reachable_variants(base: str) -> list[str]:
-    """``<base>--<variant>`` for each variant of recipe `base` whose serving.bind_address is not loopback."""
-    variants = (load_strict(paths.RECIPES_DIR / f"{base}.yaml").data or {}).get("variants") or {}
-    return [f"{base}{VARIANT_SEP}{name}" for name, keys in sorted(variants.items())
-            if "serving.bind_address" in (keys or {})
-            and not ipaddress.ip_address(str(keys["serving.bind_address"])).is_loopback]
+    """``<base>--<variant>`` for each variant of recipe `base` that listens beyond loopback (each loaded as a deploy
+    loads it)."""
+    names = [f"{base}{VARIANT_SEP}{v}" for v in sorted(load_recipe(base).variants)]
+    return [n for n in names if not ipaddress.ip_address(load_recipe(n).serving.bind_address).is_loopback]
 
 
 def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
@@ -183,7 +173,7 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
         except UserError as exc:  # an unknown variant, or a recipe that does not validate
             problems.append(f"backend '{b.name}': {exc.cause} ({exc.fix})")
             continue
-        if ipaddress.ip_address(r.serving.bind_address).is_loopback and not _loopback_host(b.host or ""):
+        if ipaddress.ip_address(r.serving.bind_address).is_loopback and not is_loopback_host(b.host or ""):
             # The recipe's server answers on its own host's loopback only: from the gateway it is a refused
             # connection on every request, which the deploy's probe would report only as "unreachable".
             open_ = _reachable_variants(r.base_name)
