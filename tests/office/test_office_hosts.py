@@ -353,14 +353,6 @@ def test_sessions_spread_over_both_hosts_and_stay(deployed) -> None:
         assert after[person]["requests"] - before.get(person, {}).get("requests", 0) == made[person], person
 
 
-def _router_pool(office: Office) -> dict[str, str]:
-    """url -> status of the router's pool, read from its control plane with the gateway key."""
-    r = httpx.get(f"http://127.0.0.1:{OFFICE.router_port}/workers", timeout=10,
-                  headers={"authorization": f"Bearer {office.gw_key}"})
-    assert r.status_code == 200, r.status_code
-    return {w["url"].rstrip("/"): w.get("status") for w in r.json()["workers"]}
-
-
 def _journal() -> list[dict]:
     """The stack supervisor's journal (its `make deploy` started it)."""
     return [json.loads(ln) for ln in Path(f"/var/lib/ds4deploy/supervise/{RECIPE}.jsonl").read_text().splitlines()
