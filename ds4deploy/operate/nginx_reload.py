@@ -38,6 +38,9 @@ _LIST = ('for d in /proc/[0-9]*; do t=$(tr "\\0" " " 2>/dev/null < "$d/cmdline")
 # Seconds one docker command may take before the front door counts as not answering: a docker exec answers in well
 # under a second on an idle host, and much later on one whose daemon is loading a large image (see RELOAD_TIMEOUT_S).
 DOCKER_TIMEOUT_S = 120
+# How docker's output is read: a process title is whatever bytes its program wrote into its argv, not necessarily
+# UTF-8 (CI's make test failed on a byte 0x80 in one, 2026-12-03); such bytes become U+FFFD instead of failing the list.
+DECODE = {"encoding": "utf-8", "errors": "replace"}
 
 
 def _docker(args: list[str]) -> subprocess.CompletedProcess:
@@ -47,8 +50,8 @@ def _docker(args: list[str]) -> subprocess.CompletedProcess:
         UserError: docker is missing or did not answer within `DOCKER_TIMEOUT_S`.
     """
     try:
-        return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=DOCKER_TIMEOUT_S,
-                              check=False)
+        return subprocess.run(["docker", *args], capture_output=True, timeout=DOCKER_TIMEOUT_S, check=False,
+                              **DECODE)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise UserError(f"`docker {args[0]}` on the front door failed: {exc}",
                         "check that Docker runs and the front door is up (`docker ps`)") from None

@@ -213,9 +213,11 @@ def _systemctl(*args: str) -> subprocess.CompletedProcess:
 
 def _alive(rec: dict) -> bool:
     """True when the recorded pid runs the recorded command line (a reused pid runs something else; the console
-    script runs as ``python3 <script> ...``, so the command line ends with the recorded argv)."""
+    script runs as ``python3 <script> ...``, so the command line ends with the recorded argv; a reused pid's title may
+    be any bytes, not UTF-8)."""
     try:
-        cmdline = [c.decode() for c in Path(f"/proc/{rec['pid']}/cmdline").read_bytes().split(b"\0") if c]
+        raw = Path(f"/proc/{rec['pid']}/cmdline").read_bytes()
+        cmdline = [c.decode(errors="replace") for c in raw.split(b"\0") if c]
     except OSError:
         return False
     return cmdline[-len(rec["argv"]):] == rec["argv"]

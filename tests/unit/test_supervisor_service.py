@@ -80,6 +80,21 @@ def test_status_and_stop_of_a_recorded_process(stacks):
             proc.kill()
 
 
+def test_a_reused_pid_with_a_title_that_is_not_utf8_is_not_ours(stacks):
+    """A recorded pid reused by a process whose title is not UTF-8 (any bytes a program writes into its argv) reads
+    as not running, not as a UnicodeDecodeError out of `make status`."""
+    recipe = load_recipe("cpu")
+    svc = supervisor_service.Service(recipe)
+    svc.dir.mkdir(parents=True)
+    odd = subprocess.Popen([b"sleep\x80odd", "60"], executable="sleep")
+    try:
+        svc.record.write_text(json.dumps({"pid": odd.pid, "argv": ["supervise", "cpu"], "started": "now"}))
+        assert supervisor_service.status(recipe)["running"] is False
+    finally:
+        odd.kill()
+        odd.wait()
+
+
 def test_a_supervisor_that_cannot_run_stops_start_with_its_message(stacks, tmp_path, monkeypatch):
     """`start` runs the real `ds4deploy supervise`; here its inventory is not YAML, so it exits at once, and `start`
     says so instead of recording a dead process."""
