@@ -193,8 +193,8 @@ e2e: venv ## a real deploy, tests/infra, tests/e2e, teardown; for cpu also tests
 # read the engine venv (marker `engine_venv`) run once it is made. The tiers that take fingerprints of the host
 # (tests/e2e's and tests/hosts' refusals) run while nothing else does. Then two phases of lanes (tools/beside), paired
 # so that no lane can disturb another (below): tests/multinode beside the rehearsal; then, after `make llamacpp` and
-# the gateway image, cpu-llamacpp end to end beside the gateway tier beside tests/offline.
-test: venv ## lint, unit, e2e, test-hosts, multinode beside rehearse, llama.cpp beside the gateway beside offline: what CI runs
+# the gateway image, cpu-llamacpp end to end beside the office beside the gateway tier beside tests/offline.
+test: venv ## lint, unit, e2e, test-hosts, multinode beside rehearse, llama.cpp beside office, gateway, offline: what CI runs
 	@mkdir -p .cache && : > .cache/tier-times
 	@export DS4_TIER_LOG=$(abspath .cache/tier-times); rc=0; start=$$(date +%s); \
 	$(MAKE) --no-print-directory $(ENGINE_VENV)/.pins $(PARSER_PINS) > .cache/engine-venv.log 2>&1 & deps=$$!; \
@@ -223,19 +223,20 @@ multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/mult
 	  'rehearse=$(MAKE) --no-print-directory rehearse RECIPE=cpu'
 
 # `make test`'s last phase, after tests/multinode (the one tier that restarts the Docker daemon): `make llamacpp` (the
-# llamacpp-cpu image both llama.cpp lanes serve with) and the gateway's router image, each built once, then three
-# lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp: ports 8020/8021) then `make e2e-office` (the same recipe's lan
-# variant on two stand-in hosts, which shares its key file, supervisor and incident folder: after it, never beside;
-# the office gateway on 8030-8032), `make e2e-gateway` (its backends on 18121-18123, the gateway on 18140-18142;
-# .cache/gateway.log) and tests/offline (the cpu recipe from a bundle on its own ports, the engine-cpu image removed
-# and loaded again, which no other lane runs; .cache/offline.log). None takes a fingerprint of the host or restarts
-# the Docker daemon; their stacks, key files, supervisors and incident folders are their own. tests/offline blocks
-# outbound network (iptables OUTPUT, all but loopback, the Docker bridges and the stand-in hosts' links) for its
-# deploy: the others need none once their images are built, which is why the images come first.
-last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps and e2e-office beside e2e-gateway beside tests/offline
+# llamacpp-cpu image the llama.cpp lanes serve with, labelled as a deploy labels it) and the gateway's router image,
+# each built once, then four lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp on this machine: ports 8020/8021),
+# `make e2e-office` (the recipe's lan variant on two stand-in hosts with their own /etc/ds4deploy and /opt/ds4deploy
+# and Docker daemons; its supervisor, journal and incident folder on this machine are named after the variant; the
+# office gateway on 8030-8032; .cache/office.log), `make e2e-gateway` (its backends on 18121-18123, the gateway on
+# 18140-18142; .cache/gateway.log) and tests/offline (the cpu recipe from a bundle on its own ports, the engine-cpu
+# image removed and loaded again, which no other lane runs; .cache/offline.log). None takes a fingerprint of the host
+# or restarts the Docker daemon; their stacks, key files, supervisors and incident folders are their own.
+# tests/offline blocks outbound network (iptables OUTPUT, all but loopback, the Docker bridges and the stand-in hosts'
+# links) for its deploy: the others need none once their images are built, which is why the images come first.
+last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps beside e2e-office, e2e-gateway, tests/offline
 	@$(MAKE) --no-print-directory llamacpp && $(call TIER,gateway image) $(BIN)/ds4deploy gateway image >/dev/null
-	@tools/beside 'status=0; $(MAKE) --no-print-directory e2e-llamacpp-steps || status=$$?; \
-	    $(MAKE) --no-print-directory e2e-office || status=$$?; exit $$status' \
+	@tools/beside '$(MAKE) --no-print-directory e2e-llamacpp-steps' \
+	  'office=$(MAKE) --no-print-directory e2e-office' \
 	  'gateway=$(MAKE) --no-print-directory e2e-gateway' \
 	  'offline=$(call TIER,tests/offline) $(BIN)/pytest -q --durations=10 tests/offline'
 
@@ -299,8 +300,9 @@ e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front o
 # daemons of their own, each linked to this machine as box-a/box-b.office.lan), `make deploy RECIPE=cpu-llamacpp--lan`
 # on both, `make deploy RECIPE=office` here in front of them, then status, sessions spread and kept, usage, a host's
 # stack killed (its sessions move on; its supervisor brings it back and the router takes it again), `make down` of
-# both. Root; needs the llamacpp-cpu image (`make llamacpp`), the front door image and the router image. Runs after
-# e2e-llamacpp-steps in `make test` (last-lanes), never beside it (one base recipe: one key file, one compose project).
+# both. Root; needs the llamacpp-cpu image (`make llamacpp`), the front door image and the router image. Runs beside
+# e2e-llamacpp-steps in `make test` (last-lanes): the hosts' key files and stack files are their own, and this
+# machine's supervisor record, install, journal and incident folder are named after the variant.
 # Alone on the 2-core machine: 275 s, 6 passed (2026-12-03: hosts and image loads 12 s, the two deploys 74 + 39 s,
 # box-a back through the gateway 36 s after its stack was killed, teardown 63 s).
 e2e-office: venv ## the office gateway in front of cpu-llamacpp--lan deployed on two stand-in hosts

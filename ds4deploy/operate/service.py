@@ -5,9 +5,13 @@ deploy's own restarts as failures).
 Where systemd runs (``/run/systemd/system`` exists, systemd's own test in sd_booted(3)), the supervisor is the unit
 ``ds4deploy-supervise-<recipe>.service`` (Restart=on-failure); elsewhere (containers, CI) it is a detached process
 in its own session, whose pid and command line are recorded in ``<stack dir>/supervise.json`` so `stop` signals
-exactly that process and no other. The stack directory is the control host's ``/opt/ds4deploy/stacks/<stack>``
-(ansible/group_vars/all.yml ds4_node_stack_dir); the supervisor's own output goes to ``supervise.log`` beside it,
-its journal to /var/lib/ds4deploy/supervise/<recipe>.jsonl (ds4deploy.operate.supervisor).
+exactly that process and no other. The record's directory is the control host's ``/opt/ds4deploy/stacks/<recipe>``
+(for a base recipe the directory its stack's files have on a node that is also the control host: ansible/group_vars/
+all.yml ds4_node_stack_dir); the supervisor's own output goes to ``supervise.log`` beside it, its journal to
+/var/lib/ds4deploy/supervise/<recipe>.jsonl (ds4deploy.operate.supervisor). Each is named after the recipe as
+deployed, a variant (``<recipe>--<variant>``) included: one control host can deploy a recipe here and its variant on
+other hosts, each with its own supervisor; on one host two variants of a recipe never run together (they share one
+compose project: the deploy's preflight refuses, ansible/roles/preflight/tasks/serving.yml).
 
 A gateway (recipes/gateways/<name>.yaml) has its supervisor the same way, named after the gateway: unit
 ``ds4deploy-supervise-<gateway>.service``, record ``<STACKS_DIR>/<gateway>/supervise.json``, journal
@@ -15,7 +19,7 @@ A gateway (recipes/gateways/<name>.yaml) has its supervisor the same way, named 
 is never a stack recipe's: `ds4deploy.render.gateway.load_gateway` refuses it, so the two never share these).
 
 The stack is host-wide, so its supervisor must not depend on the checkout that deployed it: `start` first installs
-what the supervisor runs and reads under ``/opt/ds4deploy/supervisor/<stack>/`` (`install`): a copy of this venv
+what the supervisor runs and reads under ``/opt/ds4deploy/supervisor/<recipe>/`` (`install`): a copy of this venv
 (``venv/``; hardlinked where /opt shares the checkout's filesystem, its scripts pointed at the copy's own python),
 the code, recipes, renders, playbooks and image build files it reads (``root/``) and the inventory
 (``inventory.yml``). Deleting or moving the checkout afterwards leaves supervision, restarts included, working.
@@ -112,8 +116,9 @@ def _copy_venv(src: Path, out: Path, final: Path, root: Path) -> None:
 
 
 def install(recipe: Recipe | GatewayRecipe, inventory: Path) -> tuple[list[str], Path]:
-    """Install the recipe's supervisor under INSTALL_DIR/<stack>/, independent of this checkout; returns (argv of the
-    installed supervisor, its working directory). The previous install of the stack is replaced whole.
+    """Install the recipe's supervisor under INSTALL_DIR/<recipe>/ (a variant has its own), independent of this
+    checkout; returns (argv of the installed supervisor, its working directory). The previous install is replaced
+    whole.
 
     - ``venv/``: this venv (`sys.prefix`), its library files hardlinked (copied across filesystems), its scripts
       copied with their ``#!`` line pointed at the copy's python; the checkout's editable install of ds4deploy is
@@ -131,7 +136,7 @@ def install(recipe: Recipe | GatewayRecipe, inventory: Path) -> tuple[list[str],
 
     if not inventory.is_file():
         raise UserError(f"inventory {inventory} does not exist", "pass the inventory the recipe was deployed with")
-    dest = INSTALL_DIR / recipe.base_name
+    dest = INSTALL_DIR / recipe.name
     new = dest.with_name(dest.name + ".new")
     src_venv = Path(sys.prefix)
     key = venv_key(src_venv, dest / "venv")
@@ -192,7 +197,7 @@ class Service:
 
     @property
     def dir(self) -> Path:
-        return STACKS_DIR / self.recipe.base_name
+        return STACKS_DIR / self.recipe.name
 
     @property
     def record(self) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ds4deploy.build.image import build_args, debian_base, image_exists, prepare_context
+from ds4deploy.build.image import build_args, context_digest, debian_base, image_exists, prepare_context
 from ds4deploy.engines.llamacpp import SPLIT_RE, gguf_parts
 from ds4deploy.model.tiny_gguf import TinyGgufSpec, chat_template_from, generate
 from ds4deploy.recipe.load import load_recipe
@@ -42,7 +42,11 @@ def llamacpp_image() -> str:
     ctx = REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch
     prepare_context(recipe, ctx)
     base = debian_base(recipe.engine.image.base_image)
-    argv = ["docker", "build", "-t", ref, "--build-arg", f"BASE_IMAGE={base}"]
+    # Labelled as a deploy labels the image it builds (ansible/roles/image/tasks/build.yml), so a deploy of a
+    # llama.cpp recipe on this image's arch keeps it and a node it is loaded into (tests/office) need not build.
+    argv = ["docker", "build", "-t", ref, "--build-arg", f"BASE_IMAGE={base}",
+            "--label", f"io.ds4deploy.context-sha256={context_digest(recipe, ctx)}",
+            "--label", f"io.ds4deploy.recipe={CPU_RECIPE}"]
     for k, v in build_args(recipe).items():
         argv += ["--build-arg", f"{k}={v}"]
     t0 = time.monotonic()

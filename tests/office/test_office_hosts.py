@@ -1,10 +1,11 @@
 """The office of docs/gateway.md, deployed here as an office deploys it (`make e2e-office`, which `make test` runs
-after the llama.cpp lane's own cpu-llamacpp steps: Makefile `last-lanes`).
+in a lane of its own beside the llama.cpp lane's cpu-llamacpp deploy on this machine: Makefile `last-lanes`).
 
 Two hosts of an office network stand in as the rehearsal's stand-in nodes (tests/rehearse/nodes.py: per host a
-network namespace, a mount namespace and its own Docker daemon), each joined to this machine by a link of its own
-(`nodes.link_to_host`) and named as the committed recipes/gateways/office.yaml names them (box-a.office.lan,
-box-b.office.lan, in /etc/hosts for the run). Then, with the product's targets only:
+network namespace, a mount namespace and its own Docker daemon), each with its own /etc/ds4deploy and /opt/ds4deploy
+(key files, stack files: hosts apart from this one, the control and gateway host), joined to this machine by a link
+of its own (`nodes.link_to_host`) and named as the committed recipes/gateways/office.yaml names them
+(box-a.office.lan, box-b.office.lan, in /etc/hosts for the run). Then, with the product's targets only:
 
 1. `make deploy RECIPE=cpu-llamacpp--lan INVENTORY=<the two hosts>`: one deploy, a complete stack on each host (a
    one-node recipe's inventory of two hosts: `ds4deploy.plan.nodes.plan`), the real llama-server image and tiny
@@ -14,14 +15,14 @@ box-b.office.lan, in /etc/hosts for the run). Then, with the product's targets o
    machine, its deploy checking that each backend's recipe runs on its host (read through that host's Docker) and
    answers with the gateway key.
 
-Proven: a gateway deploy before its backends refused, `make status` of both, 12 sessions x 3 turns spread over both
-hosts with every turn of a session on one host, per-person usage equal to the requests made, a revoked key refused
+Proven: a gateway deploy before its backends refused, and the stack's deploy on a host that runs its base recipe (one
+compose project) refused with nothing started on either host, `make status` of both, 12 sessions x 3 turns spread over
+both hosts with every turn of a session on one host, per-person usage equal to the requests made, a revoked key refused
 at once, a host whose stack dies taking none of the next turns of its sessions (each answered by the other, none
-failing) and coming back by its own supervisor (box-b never restarted), then `make down` of the gateway and of the
-two hosts, each saving its logs first. The loopback gateway's tests (tests/gateway) prove the rest on backends the
-rig starts with the same image, argv and front door (the conformance matrix through the door, drain and rejoin,
-fallback, the router's restart by its supervisor, token counts per person): not repeated here, where this tier is on
-`make test`'s longest lane.
+failing) and coming back by its own supervisor (box-b never restarted), then `make down` of the gateway and of the two
+hosts, each saving its logs first. The loopback gateway's tests (tests/gateway) prove the rest on backends the rig
+starts with the same image, argv and front door (the conformance matrix through the door, drain and rejoin, fallback,
+the router's restart by its supervisor, token counts per person): not repeated here.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import pytest
 import yaml
 
 from ds4deploy.build.gateway_image import image_ref as router_image
+from ds4deploy.operate import service
 from ds4deploy.operate.incidents import INCIDENTS_ROOT
 from ds4deploy.operate.supervisor import Policy
 from ds4deploy.recipe.load import load_recipe
@@ -58,6 +60,9 @@ STACK = load_recipe(RECIPE)
 OFFICE = gateway.load_gateway(GATEWAY)
 # The recipe's hosts, in the gateway recipe's order, each stood in by one node: box-a.office.lan by node-a, ...
 HOSTS = {b.host: node for b, node in zip(OFFICE.backends, nodes.NAMES, strict=True)}
+# What a host apart from the control host has of its own: the key files and the stack's files (ansible/group_vars/
+# all.yml ds4_node_stack_dir) are each host's, not this machine's, whose cpu-llamacpp deploy runs beside this test.
+HOST_OWN = ("/etc/ds4deploy", "/opt/ds4deploy")
 MODEL = STACK.model.served_name
 PEOPLE = tuple(p.name for p in OFFICE.people)
 BIN = Path(sys.executable).parent
@@ -86,22 +91,29 @@ class Office:
         self.created: list[Path] = []
         self.nodes: list[nodes.Node] = []
         self.keys: dict[str, str] = {}
+        self.own_keys: dict[str, str] = {}
         self.gw_key = ""
         self.url = f"http://{OFFICE.bind_address}:{OFFICE.port}"
         self.log: dict[str, str] = {}
         self.stack_deploy: subprocess.CompletedProcess | None = None
         self.gateway_deploy: subprocess.CompletedProcess | None = None
         self.refusal: subprocess.CompletedProcess | None = None
+        self.variant_refusal: subprocess.CompletedProcess | None = None
+        # Each host's containers and stack files right after the refused deploy (`before_the_backends`).
+        self.after_refusal: dict[str, tuple[list[str], list[str]]] = {}
         # What up() made, so that down() undoes that and only that (a skip or a failure half-way included).
         self.made_nodes = self.made_hosts_file = self.deployed = False
 
-    def make(self, target: str, recipe: str, inventory: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-        """`make <target> RECIPE=<recipe> INVENTORY=<inventory>`, its output kept in <tmp>/<target>-<recipe>.log."""
+    def make(self, target: str, recipe: str, inventory: Path, timeout: float = 600,
+             name: str = "") -> subprocess.CompletedProcess:
+        """`make <target> RECIPE=<recipe> INVENTORY=<inventory>`, its output kept in <tmp>/<name>.log and
+        `log[name]` (`name`: "<target> <recipe>" unless given)."""
         p = subprocess.run(["make", "--no-print-directory", target, f"RECIPE={recipe}", f"INVENTORY={inventory}"],
                            cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False, env=self.env)
         out = p.stdout + p.stderr
-        (self.tmp / f"{target}-{recipe}.log").write_text(out)
-        self.log[f"{target} {recipe}"] = out
+        name = name or f"{target} {recipe}"
+        (self.tmp / f"{name.replace(' ', '-')}.log").write_text(out)
+        self.log[name] = out
         return p
 
     def node(self, host: str) -> nodes.Node:
@@ -139,7 +151,7 @@ class Office:
                         "`make deploy RECIPE=cpu` (the front door) and `ds4deploy gateway image` (the router)")
         # The hosts get this machine's engine image, which their deploy keeps only when its context label is the
         # recipe's (roles/image/tasks/build.yml; else it builds, with no registry or mirror here): `make llamacpp`
-        # builds it unlabelled, the first `make deploy RECIPE=cpu-llamacpp` labels it (make test: the lane before).
+        # builds it with that label (tests/llamacpp/conftest.py), as does a `make deploy RECIPE=cpu-llamacpp`.
         want = json.loads(subprocess.run([str(BIN / "ds4deploy"), "image", "context", RECIPE, "--dest",
                                           str(self.tmp / "context")], capture_output=True, text=True, check=True,
                                          timeout=600).stdout)["sha256"]
@@ -147,45 +159,43 @@ class Office:
                                 '{{index .Config.Labels "io.ds4deploy.context-sha256"}}', STACK.image_ref],
                                capture_output=True, text=True, check=False).stdout.strip()
         if label != want:
-            pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: `make deploy "
-                        f"RECIPE=cpu-llamacpp` once (it labels the image), then `make down RECIPE=cpu-llamacpp`")
-        taken = [p for p in (Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(STACK.gateway_key_file))
-                 if p.exists()]
+            pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: remove the image "
+                        f"(`docker rmi {STACK.image_ref}`) and run `make llamacpp`, which builds it labelled")
+        taken = [p for p in (Path(OFFICE.key_file), Path(OFFICE.people_key_file)) if p.exists()]
         if taken or _gateway_containers() or nodes.RUN.exists():
             pytest.skip(f"{', '.join(map(str, taken)) or 'the office gateway or stand-in nodes'} exist(s) already: "
                         "not this test's to replace")
         supervise = Path("/var/lib/ds4deploy/supervise")
-        self.remember(Path(STACK.key_file), Path(STACK.metrics_key_file), Path(STACK.gateway_key_file),
-                      Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(gateway.metrics_key_file(OFFICE)),
-                      gateway.people_dir(OFFICE), Path("/opt/ds4deploy/stacks") / project_name(STACK).removeprefix(
-                          "ds4-"), Path("/opt/ds4deploy/gateways") / GATEWAY, INCIDENTS_ROOT / RECIPE,
+        # This machine's part (the control and gateway host): the gateway's keys and files, both supervisors'
+        # records, installs and journals, the incident folders. The hosts' own go with their nodes.
+        self.remember(Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(gateway.metrics_key_file(OFFICE)),
+                      gateway.people_dir(OFFICE), Path("/opt/ds4deploy/gateways") / GATEWAY, INCIDENTS_ROOT / RECIPE,
                       INCIDENTS_ROOT / f"gateway-{GATEWAY}", *(supervise / f"{RECIPE}{suffix}" for suffix in (
-                          ".jsonl", *(f".{h}.restart.log" for h in HOSTS))), supervise / f"{GATEWAY}.jsonl")
+                          ".jsonl", *(f".{h}.restart.log" for h in HOSTS))), supervise / f"{GATEWAY}.jsonl",
+                      *(d / name for d in (service.STACKS_DIR, service.INSTALL_DIR) for name in (RECIPE, GATEWAY)))
         t0 = time.monotonic()
         self.made_nodes = True
-        self.nodes = nodes.up(STACK, count=len(HOSTS))
+        self.nodes = nodes.up(STACK, count=len(HOSTS), own=HOST_OWN)
         addresses = nodes.link_to_host(self.nodes)
         self.made_hosts_file = True
         _hosts_file_add({host: addresses[node] for host, node in HOSTS.items()})
         with host_docker.turn():  # streams images out of this machine's daemon
             nodes.load_images(self.nodes, [STACK.image_ref, front_door.IMAGE])
         print(f"\nhosts up and images loaded: {time.monotonic() - t0:.0f} s")
-        # The keys as an owner leaves them (docs/gateway.md, "Backends"): the stack's own key (kept when this
-        # machine's cpu-llamacpp deploy left one: the same base recipe, the same file) and the gateway's beside it.
-        from ds4deploy.operate.key_file import parse_env_file
-
-        key_file = Path(STACK.key_file)
-        key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        if not key_file.exists():
-            write_secret(key_file, f"VLLM_API_KEY=ds4-office-{os.urandom(20).hex()}\n")
-        self.own_key = parse_env_file(key_file.read_text())["VLLM_API_KEY"]
+        # The keys as an owner leaves them (docs/gateway.md, "Backends"), on each host: the stack's own key (each
+        # host's own, as its first deploy would generate it) and the gateway's beside it; the gateway's on this one.
         self.gw_key = f"ds4-gw-{os.urandom(20).hex()}"
-        write_secret(Path(STACK.gateway_key_file), f"DS4_GATEWAY_KEY={self.gw_key}\n")
+        for host in HOSTS:
+            node = self.node(host)
+            node.own(STACK.key_file).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            self.own_keys[host] = f"ds4-office-{os.urandom(20).hex()}"
+            write_secret(node.own(STACK.key_file), f"VLLM_API_KEY={self.own_keys[host]}\n")
+            write_secret(node.own(STACK.gateway_key_file), f"DS4_GATEWAY_KEY={self.gw_key}\n")
         write_secret(Path(OFFICE.key_file), f"VLLM_API_KEY={self.gw_key}\n")
         self.keys = {p: f"ds4p-{p}-{os.urandom(24).hex()}" for p in PEOPLE}
         write_secret(Path(OFFICE.people_key_file), "".join(f"{p} {k}\n" for p, k in self.keys.items()))
         self.stack_inv, self.office_inv = self.inventories()
-        self.refusal = self.gateway_before_its_backends()
+        self.refusal, self.variant_refusal = self.before_the_backends()
         t0 = time.monotonic()
         self.deployed = True
         self.stack_deploy = self.make("deploy", RECIPE, self.stack_inv, DEPLOY_TIMEOUT_S)
@@ -195,19 +205,27 @@ class Office:
             self.gateway_deploy = self.make("deploy", GATEWAY, self.office_inv)
             print(f"make deploy RECIPE={GATEWAY}: {time.monotonic() - t0:.0f} s")
 
-    def gateway_before_its_backends(self) -> subprocess.CompletedProcess:
-        """`ds4deploy gateway vars office` (the first step of its `make deploy`) while box-a runs the base recipe
-        (a stand-in container labelled as its render labels a deployment of cpu-llamacpp: loopback only) and box-b
-        nothing: refused, then the stand-in removed."""
+    def before_the_backends(self) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
+        """While box-a runs the base recipe (a stand-in container labelled as its render labels a deployment of
+        cpu-llamacpp, which listens on loopback only) and box-b nothing: `ds4deploy gateway vars office` (the first
+        step of its `make deploy`) and `make deploy RECIPE=cpu-llamacpp--lan` on both hosts (the variant shares the
+        base recipe's compose project), each refused; then the stand-in removed."""
         node = self.node(next(iter(HOSTS)))
         node.docker("run", "-d", "--name", "office-base-standin", "--network", "host",
                     "--label", f"com.docker.compose.project={project_name(STACK)}",
                     "--label", f"io.ds4deploy.recipe={STACK.base_name}", "--entrypoint", "sleep", front_door.IMAGE,
                     "infinity")
         try:
-            return subprocess.run([str(BIN / "ds4deploy"), "gateway", "vars", GATEWAY, "--inventory",
-                                   str(self.office_inv), "--scope", "deploy"], capture_output=True, text=True,
-                                  env=self.env, cwd=REPO_ROOT, timeout=300, check=False)
+            gw = subprocess.run([str(BIN / "ds4deploy"), "gateway", "vars", GATEWAY, "--inventory",
+                                 str(self.office_inv), "--scope", "deploy"], capture_output=True, text=True,
+                                env=self.env, cwd=REPO_ROOT, timeout=300, check=False)
+            refused = self.make("deploy", RECIPE, self.stack_inv, DEPLOY_TIMEOUT_S, name="refused deploy")
+            for host in HOSTS:
+                stacks = self.node(host).own("/opt/ds4deploy/stacks")
+                self.after_refusal[host] = (
+                    self.node(host).docker("ps", "--all", "--format", "{{.Names}}").stdout.split(),
+                    sorted(str(f.relative_to(stacks)) for f in stacks.rglob("*")) if stacks.is_dir() else [])
+            return gw, refused
         finally:
             node.docker("rm", "-f", "office-base-standin")
 
@@ -290,13 +308,15 @@ def test_make_deploy_puts_a_stack_on_each_host_and_the_gateway_in_front(office) 
     assert office.gateway_deploy is not None and office.gateway_deploy.returncode == 0, \
         office.log[f"deploy {GATEWAY}"][-6000:]
     for out in office.log.values():
-        assert office.gw_key not in out and office.own_key not in out
-        assert not any(k in out for k in office.keys.values())
+        assert office.gw_key not in out
+        assert not any(k in out for k in (*office.own_keys.values(), *office.keys.values()))
     for host in HOSTS:
         running = office.node(host).docker("ps", "--format", "{{.Names}}").stdout.split()
         assert len(running) == 2, (host, running)  # the engine and its front door
         # The front door on the office network: the deployment's own key and the gateway's, no person's.
-        for key, code in ((office.own_key, 200), (office.gw_key, 200), (office.keys["alice"], 401)):
+        other = next(k for h, k in office.own_keys.items() if h != host)  # each host its own key, as generated
+        for key, code in ((office.own_keys[host], 200), (office.gw_key, 200), (office.keys["alice"], 401),
+                          (other, 401)):
             r = httpx.get(f"{_url(host)}/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=30)
             assert r.status_code == code, (host, r.status_code)
 
@@ -312,6 +332,22 @@ def test_a_gateway_before_its_backends_is_refused(office) -> None:
             f"not '{RECIPE}'") in p.stderr, p.stderr
     assert f"backend 'box-b': recipe '{RECIPE}' is not deployed on {b}" in p.stderr, p.stderr
     assert f"make deploy RECIPE={RECIPE}" in p.stderr, p.stderr
+
+
+def test_the_stack_on_a_host_running_its_base_recipe_is_refused(office) -> None:
+    """`make deploy RECIPE=cpu-llamacpp--lan` while box-a runs cpu-llamacpp (one compose project: the deploy would take
+    its containers over under its supervisor): one message naming the host, the recipe and `make down`; neither host
+    changed (box-b, whose checks passed, got nothing either)."""
+    p = office.variant_refusal
+    assert p is not None, "the run stopped before the check"
+    out = p.stdout + p.stderr
+    a, b = list(HOSTS)
+    assert p.returncode != 0 and "Traceback" not in out, out[-3000:]
+    assert (f"{a} runs {STACK.base_name}, deployed there as such; it shares compose project {project_name(STACK)} "
+            f"with {RECIPE}") in out, out[-3000:]
+    assert f"make down RECIPE={STACK.base_name}" in out and "Nothing was started" in out, out[-3000:]
+    assert f"{b} runs" not in out, out[-3000:]
+    assert office.after_refusal == {a: (["office-base-standin"], []), b: ([], [])}, office.after_refusal
 
 
 def test_make_status_shows_both_hosts_and_the_gateway(deployed) -> None:

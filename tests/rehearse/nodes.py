@@ -15,7 +15,9 @@ Per node ``<n>`` (node-a, node-b):
 - ``enter``: runs a command inside the node (both namespaces, DOCKER_HOST of its daemon, the stand-in nvidia-smi
   first on PATH); the connection plugin tests/rehearse/plugins/connection/rehearse_node.py uses it.
 Everything else of this machine (/etc, /opt, /root, /usr, the repository) is shared, as on a real host that is also
-the control host. `down()` stops the daemons, removes the namespaces and everything listed above, and only that.
+the control host; `up(..., own=...)` gives each node directories of its own in place of named ones (tests/office:
+/etc/ds4deploy and /opt/ds4deploy, as on hosts apart from the control host). `down()` stops the daemons, removes the
+namespaces and everything listed above, and only that.
 """
 
 from __future__ import annotations
@@ -78,6 +80,11 @@ class Node:
     def enter(self) -> Path:
         return self.dir / "enter"
 
+    def own(self, path: str | Path) -> Path:
+        """Where this machine sees the node's own copy of directory `path` (or of a file under it) that `up(...,
+        own=...)` made the node's own: under the node's directory, removed with it."""
+        return self.dir / "own" / Path(path).relative_to("/")
+
     def sh(self, cmd: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
         """Run `cmd` with sh inside the node."""
         return _run([str(self.enter), "/bin/sh", "-c", cmd], check=check, timeout=timeout)
@@ -101,8 +108,9 @@ def _enter_script(node: Node) -> str:
             f"exec nsenter --net=/run/netns/{node.netns} --mount={node.mnt} \"$@\"\n")
 
 
-def _mount_script(node: Node, recipe: Recipe, files: dict) -> str:
-    """Shell run once inside the node's fresh namespaces: its own sysfs and the stand-in files and directories."""
+def _mount_script(node: Node, recipe: Recipe, files: dict, own: tuple[str, ...] = ()) -> str:
+    """Shell run once inside the node's fresh namespaces: its own sysfs, the stand-in files and directories, and an
+    empty directory of its own on each of `own`."""
     d = node.dir
     lines = [
         "set -eu",
@@ -115,6 +123,7 @@ def _mount_script(node: Node, recipe: Recipe, files: dict) -> str:
         f"mount -t tmpfs -o size={int(recipe.hardware.min_free_disk_gib * 1.1) + 1}g ds4-rehearse /var/lib/ds4deploy",
         f"mkdir -p {d}/netplan {d}/limits.d && mount --bind {d}/netplan /etc/netplan",
         f"mount --bind {d}/limits.d /etc/security/limits.d",
+        *(f"mkdir -p {node.own(p)} && mount --bind {node.own(p)} {p}" for p in own),
     ]
     if files["numa"] is not None:
         lines.append(f"mount --bind {files['numa']} /sys/devices/system/node")
@@ -167,9 +176,10 @@ def _empty(node: Node) -> None:
             node.docker(*rm, *ids, check=False, timeout=300)
 
 
-def up(recipe: Recipe, count: int | None = None) -> list[Node]:
+def up(recipe: Recipe, count: int | None = None, own: tuple[str, ...] = ()) -> list[Node]:
     """Create the stand-in nodes of `recipe` (`nodes_for`; after removing any earlier ones, keeping their Docker
-    data) and start their Docker daemons."""
+    data) and start their Docker daemons. `own`: absolute directories each node gets an empty one of its own in
+    place of this machine's (`Node.own` says where this machine sees it)."""
     down(remove_data=False)
     nodes = nodes_for(recipe, count)
     RUN.mkdir(parents=True, exist_ok=True)
@@ -177,7 +187,7 @@ def up(recipe: Recipe, count: int | None = None) -> list[Node]:
     # A namespace file can only be bound on a private mount (as ip-netns does for /run/netns).
     _run(["mount", "--bind", str(MNT), str(MNT)])
     _run(["mount", "--make-private", str(MNT)])
-    for p in (Path("/var/lib/ds4deploy"), Path("/etc/netplan"), Path("/etc/security/limits.d")):
+    for p in (Path("/var/lib/ds4deploy"), Path("/etc/netplan"), Path("/etc/security/limits.d"), *map(Path, own)):
         p.mkdir(parents=True, exist_ok=True)
     created_ib = recipe.container.infiniband and not Path("/dev/infiniband").exists()
     if created_ib:
@@ -196,7 +206,7 @@ def up(recipe: Recipe, count: int | None = None) -> list[Node]:
         node.mnt.touch()
         _run(["unshare", f"--mount={node.mnt}", "--propagation", "slave", "true"])
         script = node.dir / "mounts.sh"
-        script.write_text(_mount_script(node, recipe, files))
+        script.write_text(_mount_script(node, recipe, files, own))
         _run(["nsenter", f"--net=/run/netns/{node.netns}", f"--mount={node.mnt}", "/bin/sh", str(script)])
     if len(nodes) == 2 and recipe.fabric is not None:
         _wire_rails(recipe, nodes)
