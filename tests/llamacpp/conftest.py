@@ -32,21 +32,25 @@ def _docker_ok() -> bool:
 
 @pytest.fixture(scope="session")
 def llamacpp_image() -> str:
-    """``repository:tag`` of the cpu-llamacpp recipe's image, built once (kept: the tag names its inputs)."""
+    """``repository:tag`` of the cpu-llamacpp recipe's image, built once (kept: the tag names its inputs), labelled
+    as a deploy labels the image it builds (ansible/roles/image/tasks/build.yml), so that a deploy of a llama.cpp
+    recipe on this image's arch keeps it and a stand-in host it is loaded into (tests/office) need not build. An
+    image there without that label (built before the label was given here) is built again: its own layers are the
+    build's cache, so that takes seconds."""
     if not _docker_ok():
         pytest.skip("no Docker daemon: the llama.cpp engine check runs the real llama-server in its image")
     recipe = load_recipe(CPU_RECIPE)
     ref = recipe.image_ref
-    if image_exists(ref):
-        return ref
     ctx = REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch
     prepare_context(recipe, ctx)
+    digest = context_digest(recipe, ctx)
+    if image_exists(ref) and subprocess.run(
+            ["docker", "image", "inspect", "--format", '{{index .Config.Labels "io.ds4deploy.context-sha256"}}', ref],
+            capture_output=True, text=True, check=False).stdout.strip() == digest:
+        return ref
     base = debian_base(recipe.engine.image.base_image)
-    # Labelled as a deploy labels the image it builds (ansible/roles/image/tasks/build.yml), so a deploy of a
-    # llama.cpp recipe on this image's arch keeps it and a node it is loaded into (tests/office) need not build.
     argv = ["docker", "build", "-t", ref, "--build-arg", f"BASE_IMAGE={base}",
-            "--label", f"io.ds4deploy.context-sha256={context_digest(recipe, ctx)}",
-            "--label", f"io.ds4deploy.recipe={CPU_RECIPE}"]
+            "--label", f"io.ds4deploy.context-sha256={digest}", "--label", f"io.ds4deploy.recipe={CPU_RECIPE}"]
     for k, v in build_args(recipe).items():
         argv += ["--build-arg", f"{k}={v}"]
     t0 = time.monotonic()

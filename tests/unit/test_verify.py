@@ -7,6 +7,8 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -196,9 +198,19 @@ def test_cli_table_json_full_and_exit_codes(recipe_dir, tmp_path):
 
 
 def _uncached(path) -> None:
-    with open(path, "rb+") as fh:
-        os.fsync(fh.fileno())
-        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+    """Drop `path` from the page cache and wait until none of it is resident, as util-linux's fincore (mincore(2))
+    reads it without reading the file. DONTNEED leaves pages still under writeback: one make test run (2026-12-03,
+    xdist workers writing beside it) found a file's middle cached right after a single try."""
+    for _ in range(50):
+        with open(path, "rb+") as fh:
+            os.fsync(fh.fileno())
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        resident = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(path)],
+                                  capture_output=True, text=True, check=True).stdout.strip()
+        if resident == "0":
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"{path} stayed in the page cache ({resident} bytes) after 50 fsync + DONTNEED rounds")
 
 
 def test_read_ahead_hash_is_exact_and_leaves_the_page_cache_as_it_found_it(tmp_path):
