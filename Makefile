@@ -303,8 +303,8 @@ e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front o
 # both. Root; needs the llamacpp-cpu image (`make llamacpp`), the front door image and the router image. Runs beside
 # e2e-llamacpp-steps in `make test` (last-lanes): the hosts' key files and stack files are their own, and this
 # machine's supervisor record, install, journal and incident folder are named after the variant.
-# Alone on the 2-core machine: 275 s, 6 passed (2026-12-03: hosts and image loads 12 s, the two deploys 74 + 39 s,
-# box-a back through the gateway 36 s after its stack was killed, teardown 63 s).
+# On the 2-core machine (2026-12-03): alone 275 s; beside e2e-llamacpp-steps 372 s, 8 passed (the two deploys 94 +
+# 50 s, box-a back through the gateway 44 s after its stack was killed); in make test's four lanes 688 s.
 e2e-office: venv ## the office gateway in front of cpu-llamacpp--lan deployed on two stand-in hosts
 	@$(call TIER,e2e-office) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/office
 
