@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.recipe.schema import GatewayRecipe, Recipe
+from ds4deploy.recipe.schema import VARIANT_SEP, GatewayRecipe, Recipe
 
 STACKS_DIR = Path(os.environ.get("DS4_STACKS_DIR", "/opt/ds4deploy/stacks"))
 # Where each stack's supervisor is installed, apart from any checkout (`install`).
@@ -208,6 +208,28 @@ class Service:
         return self.dir / "supervise.log"
 
 
+def _supervised(record: Path) -> str | None:
+    """The recipe a record's supervisor watches (the word after ``supervise`` in its argv), or None."""
+    try:
+        argv = json.loads(record.read_text())["argv"]
+        return argv[argv.index("supervise") + 1]
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def _move_older_variant_record(recipe: Recipe | GatewayRecipe) -> None:
+    """Before 2026-12-03 a variant's record was kept in its base recipe's directory (named after `base_name`): one
+    found there that supervises a variant is moved to that variant's own directory (unless it has one), so that
+    the variant's `make down` still finds and stops it and the base recipe's never takes it for its own."""
+    old = STACKS_DIR / recipe.base_name / "supervise.json"
+    owner = _supervised(old)
+    if owner and owner.startswith(f"{recipe.base_name}{VARIANT_SEP}"):
+        new = STACKS_DIR / owner / "supervise.json"
+        if not new.exists():
+            new.parent.mkdir(parents=True, exist_ok=True)
+            old.rename(new)
+
+
 def _systemd() -> bool:
     return SYSTEMD_RUNTIME.is_dir()
 
@@ -233,6 +255,7 @@ def status(recipe: Recipe | GatewayRecipe) -> dict:
     if _systemd():
         p = _systemctl("is-active", unit_name(recipe))
         return {"mode": "systemd", "unit": unit_name(recipe), "running": p.stdout.strip() == "active"}
+    _move_older_variant_record(recipe)
     svc = Service(recipe)
     if not svc.record.is_file():
         return {"mode": "process", "running": False}
@@ -249,6 +272,7 @@ def stop(recipe: Recipe | GatewayRecipe) -> dict:
             return {"stopped": False, "unit": unit}
         _systemctl("disable", "--now", unit)
         return {"stopped": True, "unit": unit}
+    _move_older_variant_record(recipe)
     svc = Service(recipe)
     if not svc.record.is_file():
         return {"stopped": False}

@@ -268,7 +268,7 @@ def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
 
 def make_targets(recipe: Recipe, inventory: Path, url: str | None = None) -> list[Target]:
     """What to watch: the node group (one `Target`), or for a one-node recipe deployed to several hosts one `Target`
-    per host (independent replicas, module docstring): that host's URL, its own key (`replica_key`), its containers,
+    per host (independent replicas, module docstring): that host's URL, its own key (`deployed_key`), its containers,
     and its restart limited to it (``ds4_replica``).
 
     Raises:
@@ -286,16 +286,18 @@ def make_targets(recipe: Recipe, inventory: Path, url: str | None = None) -> lis
                         f"{len(nodes)} hosts ({', '.join(n.name for n in nodes)})",
                         "leave out --url: each replica is watched at its own host's address")
     lock = threading.Lock()
-    return [Target(recipe, inventory, [node], head_url(recipe, [node], hosts), replica_key(recipe, node, hosts),
+    return [Target(recipe, inventory, [node], head_url(recipe, [node], hosts), deployed_key(recipe, node, hosts),
                    hosts, node.name, lock) for node in nodes]
 
 
-def replica_key(recipe: Recipe, node: Node, hosts: dict[str, dict]) -> str | None:
-    """The API key of `recipe`'s replica on `node`: each host generated its own on first deploy (roles/stack), so it is
-    read where that replica runs: from its running containers' environment (the key file reaches the engine and the
-    front door as their env_file; the daemon reached as `ds4deploy.operate.incidents.docker_env` says), else from
-    this host's key file (a local replica, or one whose stack is down at the supervisor's start). None for a recipe
-    without a key.
+def deployed_key(recipe: Recipe, node: Node, hosts: dict[str, dict]) -> str | None:
+    """The API key `recipe`'s stack on `node` (a replica, or the head of a node group) answers to: a host generates
+    its own on first deploy (roles/stack), so it is read where the stack runs: from its running containers'
+    environment (the key file reaches the engine and the front door as their env_file; the daemon reached as
+    `ds4deploy.operate.incidents.docker_env` says), else from this host's key file (a local stack, or one that is
+    down at the supervisor's start). Not this host's file first: the control host may hold another key under that
+    name (its own deployment of the base recipe of a variant deployed elsewhere) or none (a laptop deploying to
+    other hosts). None for a recipe without a key.
 
     Raises:
         UserError: neither holds a VLLM_API_KEY.
@@ -319,28 +321,23 @@ def replica_key(recipe: Recipe, node: Node, hosts: dict[str, dict]) -> str | Non
     try:
         return parse_env_file(Path(recipe.key_file).read_text())["VLLM_API_KEY"]
     except (OSError, KeyError):
-        raise UserError(f"cannot read the API key of {recipe.name}'s replica on {node.name}: its stack is not running "
-                        f"and this host has no {recipe.key_file}",
-                        f"start the supervisor once the replica runs (`make deploy RECIPE={recipe.name}` starts "
-                        "it after the stacks), or copy that host's key file here (mode 0600)") from None
+        raise UserError(f"cannot read the API key of {recipe.name} on {node.name}: its stack is not running and this "
+                        f"host has no {recipe.key_file}",
+                        f"start the supervisor once the stack runs (`make deploy RECIPE={recipe.name}` starts it "
+                        "after the stacks), or copy that host's key file here (mode 0600)") from None
 
 
 def make_target(recipe: Recipe, inventory: Path, hosts: dict[str, dict], nodes: list[Node],
                 url: str | None = None) -> Target:
-    """The node group `nodes` (planned from the inventory's `hosts`) as one target: the head's URL and the API key.
+    """The node group `nodes` (planned from the inventory's `hosts`) as one target: the head's URL and the API key its
+    stack answers to (`deployed_key`).
 
     Raises:
-        UserError: the key file is unreadable.
+        UserError: the key is neither in the head's running containers nor in this host's key file.
     """
-    key = None
-    if recipe.serving.auth.mode == "api_key":
-        try:
-            key = parse_env_file(Path(recipe.key_file).read_text()).get("VLLM_API_KEY")
-        except OSError as exc:
-            raise UserError(f"cannot read the API key {recipe.key_file}: {exc.strerror}",
-                            "run the supervisor as root on a host that holds the key (the head or the control host "
-                            "of a local deployment)") from None
-    return Target(recipe, inventory, nodes, url or head_url(recipe, nodes, hosts), key, hosts)
+    head = next(n for n in nodes if n.role in ("head", "single"))
+    return Target(recipe, inventory, nodes, url or head_url(recipe, nodes, hosts), deployed_key(recipe, head, hosts),
+                  hosts)
 
 
 def supervise_all(targets: list[Target], policy: Policy, journal: Journal, max_cycles: int | None = None) -> int:

@@ -1352,8 +1352,8 @@ class GatewayRecipe(Strict):
 
     @property
     def base_name(self) -> str:
-        """The gateway's name (a gateway has no variants): what its supervisor service is named after, as a stack's
-        is after `Recipe.base_name` (ds4deploy.operate.service)."""
+        """The gateway's name (a gateway has no variants), so that code handling stack and gateway recipes alike
+        (ds4deploy.operate.service) can ask either for its base name."""
         return self.name
 
     @field_validator("bind_address")

@@ -121,7 +121,8 @@ _ENV.filters["j"] = lambda v: json.dumps(v, ensure_ascii=False)
 
 def project_name(recipe: Recipe) -> str:
     """Docker compose project name for a recipe (``ds4-<name>``). Variants share their base recipe's project: they
-    are operating choices of the same deployment, so switching variants replaces it instead of running beside it."""
+    are operating choices of the same deployment, never run beside each other on one host (a deploy on a host with
+    containers deployed as another variant is refused: ansible/roles/preflight/tasks/serving.yml)."""
     return f"ds4-{recipe.base_name}"
 
 

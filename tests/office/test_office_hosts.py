@@ -343,10 +343,10 @@ def test_the_stack_on_a_host_running_its_base_recipe_is_refused(office) -> None:
     out = p.stdout + p.stderr
     a, b = list(HOSTS)
     assert p.returncode != 0 and "Traceback" not in out, out[-3000:]
-    assert (f"{a} runs {STACK.base_name}, deployed there as such; it shares compose project {project_name(STACK)} "
-            f"with {RECIPE}") in out, out[-3000:]
+    assert (f"{a} has containers deployed as {STACK.base_name}, which shares its compose project with "
+            f"{RECIPE}") in out, out[-3000:]
     assert f"make down RECIPE={STACK.base_name}" in out and "Nothing was started" in out, out[-3000:]
-    assert f"{b} runs" not in out, out[-3000:]
+    assert f"{b} has containers" not in out, out[-3000:]
     assert office.after_refusal == {a: (["office-base-standin"], []), b: ([], [])}, office.after_refusal
 
 

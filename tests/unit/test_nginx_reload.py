@@ -1,5 +1,6 @@
 """`ds4deploy.operate.nginx_reload`'s process list, run by a real POSIX shell (dash, the front door image's sh) over
-this machine's /proc."""
+this machine's /proc, read through the module's own `workers` (a `docker` on PATH that runs `docker exec`'s command
+here)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,24 @@ import subprocess
 from ds4deploy.operate import nginx_reload
 
 
-def test_a_process_that_ends_mid_list_is_left_out_not_an_error():
+def test_a_process_that_ends_mid_list_or_has_a_title_that_is_not_utf8_is_no_error(tmp_path, monkeypatch):
     """The list's glob can name a process that is gone when its cmdline is read (an old nginx worker finishing, the
-    list's own `tr`); a make test redeploy failed on "cannot open /proc/42/cmdline" before. Here a pid that does not
-    exist is added to the glob's names: the list still succeeds, silent, and holds this test's own process."""
-    # A process whose title is not UTF-8 (CI's machine had one: byte 0x80), started here so the list meets one on
-    # every machine; its bytes are read as the product reads docker's output.
-    odd = subprocess.Popen([b"sleep\x80odd", "60"], executable="sleep")
+    list's own `tr`); a make test redeploy failed on "cannot open /proc/42/cmdline" before. A title can hold any
+    bytes (CI's machine had one with 0x80, which failed the read as UTF-8). Here a pid that does not exist is added
+    to the glob's names and a worker-titled process with such a byte runs: `workers` lists it, U+FFFD in place of
+    the byte, and nothing fails."""
+    docker = tmp_path / "docker"  # `docker exec <container> sh -c <list>` -> `sh -c <list>` on this machine
+    docker.write_text('#!/bin/sh\nshift 2\nexec "$@"\n')
+    docker.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
     gone = 4_000_000  # above Linux's pid_max limit (2^22, kernel/pid.c PID_MAX_LIMIT): never a live process
-    script = nginx_reload._LIST.replace("/proc/[0-9]*", f"/proc/[0-9]* /proc/{gone}", 1)
+    monkeypatch.setattr(nginx_reload, "_LIST", nginx_reload._LIST.replace("/proc/[0-9]*", f"/proc/[0-9]* /proc/{gone}",
+                                                                          1))
+    odd = subprocess.Popen([b"nginx: worker process\x80", "60"], executable="sleep")
     try:
-        p = subprocess.run(["sh", "-c", script], capture_output=True, check=False, timeout=60, **nginx_reload.DECODE)
+        found = nginx_reload.workers("front-door")
     finally:
         odd.kill()
         odd.wait()
-    assert (p.returncode, p.stderr) == (0, ""), (p.returncode, p.stderr)
-    # (a title may hold a newline of its own: only lines that start with a pid count, as `workers` reads them)
-    pids = {int(w) for line in p.stdout.splitlines() if (w := line.split(" ", 1)[0]).isdigit()}
-    assert os.getpid() in pids and gone not in pids
-    assert f"{odd.pid} sleep\ufffdodd 60" in [line.rstrip() for line in p.stdout.splitlines()]
+    assert found.get(odd.pid) == "nginx: worker process\ufffd 60", found
+    assert gone not in found

@@ -564,9 +564,12 @@ def test_one_node_recipe_on_two_hosts_is_two_targets_each_restarted_alone(tmp_pa
     with pytest.raises(UserError, match="runs a replica on each of 2 hosts"):
         make_targets(recipe, inv, url="http://10.0.0.11:8020")
     (secrets / "office.env").unlink()
-    with pytest.raises(UserError, match="replica on box-a: its stack is not running and this host has no"):
+    with pytest.raises(UserError, match="cpu-llamacpp on box-a: its stack is not running and this host has no"):
         make_targets(recipe, inv)
-    (secrets / "office.env").write_text("VLLM_API_KEY=ds4-" + "k" * 40 + "\n")
     inv.write_text(yaml.safe_dump({"all": {"hosts": {"box-a": hosts["box-a"]}}}))
+    with pytest.raises(UserError, match="cpu-llamacpp on box-a: its stack is not running and this host has no"):
+        make_targets(recipe, inv)  # one host: its head's key is read the same way
+    (secrets / "office.env").write_text("VLLM_API_KEY=ds4-" + "k" * 40 + "\n")
     (only,) = make_targets(recipe, inv)
     assert only.replica is None and only.restart_lock is None and only.url == "http://10.0.0.11:8020"
+    assert only.key == "ds4-" + "k" * 40

@@ -80,6 +80,32 @@ def test_status_and_stop_of_a_recorded_process(stacks):
             proc.kill()
 
 
+def test_a_variants_record_kept_under_its_base_recipe_moves_to_the_variant(stacks):
+    """A variant deployed before records were named after it left its record in the base recipe's directory: the
+    base recipe does not take it for its own (its deploy would have stopped the variant's supervisor), and the
+    variant's `make down` finds and stops it."""
+    base, lan = load_recipe("cpu-llamacpp"), load_recipe("cpu-llamacpp--lan")
+    old = stacks / "cpu-llamacpp" / "supervise.json"
+    old.parent.mkdir(parents=True)
+    argv = [sys.executable, "-c", "import time; time.sleep(60)", "supervise", lan.name]
+    proc = subprocess.Popen(argv, start_new_session=True)
+    cmdline = Path(f"/proc/{proc.pid}/cmdline")
+    deadline = time.monotonic() + 30
+    while b"supervise" not in cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        old.write_text(json.dumps({"pid": proc.pid, "argv": argv, "started": "now"}))
+        assert supervisor_service.status(base) == {"mode": "process", "running": False}
+        assert supervisor_service.stop(base) == {"stopped": False}
+        assert proc.poll() is None and not old.exists()
+        assert supervisor_service.status(lan)["running"] is True
+        assert supervisor_service.stop(lan) == {"stopped": True, "pid": proc.pid}
+        assert proc.wait(timeout=20) != 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_a_reused_pid_with_a_title_that_is_not_utf8_is_not_ours(stacks):
     """A recorded pid reused by a process whose title is not UTF-8 (any bytes a program writes into its argv) reads
     as not running, not as a UnicodeDecodeError out of `make status`."""
