@@ -23,6 +23,7 @@ from typing import Protocol
 from ds4deploy.core.errors import UserError
 from ds4deploy.operate.incidents import docker_env, node_project
 from ds4deploy.operate.supervisor import UNKNOWN, Target, describe_states
+from ds4deploy.plan.nodes import head_of
 
 # Docker container states (`docker ps --format {{.State}}`) of a node that is still starting: created (not started
 # yet) or running. Any other state (exited, dead, restarting after an exit, paused, removing) or no container at all
@@ -49,7 +50,7 @@ class GroupDocker(Target):
     def engine_health(self) -> tuple[bool, str]:
         """(every engine container of the head is "healthy", "<name>: <health status>, ..."); the front door does
         not count (it starts after the engine is healthy)."""
-        head = next(n for n in self.nodes if n.role in ("head", "single"))
+        head = head_of(self.nodes)
         env = docker_env(head.name, self.hosts.get(head.name, {}))
         project = node_project(self.recipe, head)
         try:

@@ -72,7 +72,7 @@ from ds4deploy.core.secret_scan import redact_shapes
 from ds4deploy.operate.incidents import Incident, collect, docker_env, node_project
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.operate.progress import READERS, ProgressWatch, Reading
-from ds4deploy.plan.nodes import Node, plan
+from ds4deploy.plan.nodes import Node, head_of, plan
 from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.recipe.schema import Recipe, Serving
 
@@ -258,7 +258,7 @@ def head_url(recipe: Recipe, nodes: list[Node], hosts: dict[str, dict]) -> str:
     """Where the control host reaches the head's API: the bound address, or the head machine for 0.0.0.0."""
     from ds4deploy.core.net import base_url
 
-    head = next(n for n in nodes if n.role in ("head", "single"))
+    head = head_of(nodes)
     addr = recipe.serving.bind_address
     if addr in ("0.0.0.0", "::"):  # noqa: S104 (an address we read, not one we bind)
         hv = hosts.get(head.name, {})
@@ -335,9 +335,8 @@ def make_target(recipe: Recipe, inventory: Path, hosts: dict[str, dict], nodes: 
     Raises:
         UserError: the key is neither in the head's running containers nor in this host's key file.
     """
-    head = next(n for n in nodes if n.role in ("head", "single"))
-    return Target(recipe, inventory, nodes, url or head_url(recipe, nodes, hosts), deployed_key(recipe, head, hosts),
-                  hosts)
+    return Target(recipe, inventory, nodes, url or head_url(recipe, nodes, hosts),
+                  deployed_key(recipe, head_of(nodes), hosts), hosts)
 
 
 def supervise_all(targets: list[Target], policy: Policy, journal: Journal, max_cycles: int | None = None) -> int:

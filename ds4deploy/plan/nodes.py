@@ -76,6 +76,16 @@ class Node:
         return env
 
 
+def head_of(nodes: list[Node]) -> Node:
+    """The node whose engine serves the API: the head of a node group, or the one node of a one-node recipe (the
+    first, for a list of replicas).
+
+    Raises:
+        StopIteration: `nodes` holds neither (an empty list, or workers only).
+    """
+    return next(n for n in nodes if n.role in ("head", "single"))
+
+
 def _host_ip(name: str, hv: dict, recipe: Recipe) -> str | None:
     """The node's address for VLLM_HOST_IP / the master address: ds4_host_ip, else its address on the recipe's
     first rail (the netdev NCCL/GLOO/TP_SOCKET_IFNAME name, `ds4deploy.render.compose`), not on whichever rail the

@@ -23,7 +23,6 @@ which rewrites the maps and reloads nginx gracefully (open streams finish on the
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import os
 import re
@@ -142,7 +141,7 @@ def _reachable_variants(base: str) -> list[str]:
     """``<base>--<variant>`` for each variant of recipe `base` that listens beyond loopback (each loaded as a deploy
     loads it)."""
     names = [f"{base}{VARIANT_SEP}{v}" for v in sorted(load_recipe(base).variants)]
-    return [n for n in names if not ipaddress.ip_address(load_recipe(n).serving.bind_address).is_loopback]
+    return [n for n in names if not is_loopback_host(load_recipe(n).serving.bind_address)]
 
 
 def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
@@ -173,7 +172,7 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
         except UserError as exc:  # an unknown variant, or a recipe that does not validate
             problems.append(f"backend '{b.name}': {exc.cause} ({exc.fix})")
             continue
-        if ipaddress.ip_address(r.serving.bind_address).is_loopback and not is_loopback_host(b.host or ""):
+        if is_loopback_host(r.serving.bind_address) and not is_loopback_host(b.host or ""):
             # The recipe's server answers on its own host's loopback only: from the gateway it is a refused
             # connection on every request, which the deploy's probe would report only as "unreachable".
             open_ = _reachable_variants(r.base_name)

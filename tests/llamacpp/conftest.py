@@ -21,6 +21,7 @@ from ds4deploy.engines.llamacpp import SPLIT_RE, gguf_parts
 from ds4deploy.model.tiny_gguf import TinyGgufSpec, chat_template_from, generate
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.paths import REPO_ROOT
+from tests.support.images import CONTEXT_LABEL, context_label
 
 CPU_RECIPE = "cpu-llamacpp"
 
@@ -44,13 +45,11 @@ def llamacpp_image() -> str:
     ctx = REPO_ROOT / ".cache" / "build" / recipe.engine.image.arch
     prepare_context(recipe, ctx)
     digest = context_digest(recipe, ctx)
-    if image_exists(ref) and subprocess.run(
-            ["docker", "image", "inspect", "--format", '{{index .Config.Labels "io.ds4deploy.context-sha256"}}', ref],
-            capture_output=True, text=True, check=False).stdout.strip() == digest:
+    if image_exists(ref) and context_label(ref) == digest:
         return ref
     base = debian_base(recipe.engine.image.base_image)
     argv = ["docker", "build", "-t", ref, "--build-arg", f"BASE_IMAGE={base}",
-            "--label", f"io.ds4deploy.context-sha256={digest}", "--label", f"io.ds4deploy.recipe={CPU_RECIPE}"]
+            "--label", f"{CONTEXT_LABEL}={digest}", "--label", f"io.ds4deploy.recipe={CPU_RECIPE}"]
     for k, v in build_args(recipe).items():
         argv += ["--build-arg", f"{k}={v}"]
     t0 = time.monotonic()

@@ -52,6 +52,7 @@ from ds4deploy.render.compose import project_name
 from tests.rehearse import nodes
 from tests.support import host_docker
 from tests.support.gateway_usage import usage_table
+from tests.support.images import context_label
 from tools.gateway_rig import write_secret
 
 RECIPE = "cpu-llamacpp--lan"
@@ -155,12 +156,9 @@ class Office:
         want = json.loads(subprocess.run([str(BIN / "ds4deploy"), "image", "context", RECIPE, "--dest",
                                           str(self.tmp / "context")], capture_output=True, text=True, check=True,
                                          timeout=600).stdout)["sha256"]
-        label = subprocess.run(["docker", "image", "inspect", "--format",
-                                '{{index .Config.Labels "io.ds4deploy.context-sha256"}}', STACK.image_ref],
-                               capture_output=True, text=True, check=False).stdout.strip()
-        if label != want:
-            pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: remove the image "
-                        f"(`docker rmi {STACK.image_ref}`) and run `make llamacpp`, which builds it labelled")
+        if (label := context_label(STACK.image_ref)) != want:
+            pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: run `make llamacpp` "
+                        "(it builds the image again with that label, from its own layers)")
         taken = [p for p in (Path(OFFICE.key_file), Path(OFFICE.people_key_file)) if p.exists()]
         if taken or _gateway_containers() or nodes.RUN.exists():
             pytest.skip(f"{', '.join(map(str, taken)) or 'the office gateway or stand-in nodes'} exist(s) already: "
