@@ -683,9 +683,8 @@ def cmd_gateway_render(ns: argparse.Namespace) -> int:
             gateway.compose_check(gw)
         print("gateway renders are fresh, and docker compose accepts them")
         return 0
-    for gw, files in renders:
-        for path in gateway.write(gw, files):
-            print(f"wrote {path.relative_to(gateway.paths.REPO_ROOT)}")
+    for path in gateway.write(renders):
+        print(f"wrote {path.relative_to(gateway.COMPOSE_DIR.parent)}")
     return 0
 
 

@@ -205,7 +205,7 @@ def gateway_up(tmp: Path, recipe: dict, gw_key: str, wait_s: int = 120) -> Itera
     recipe_path = tmp / f"{name}.yaml"
     recipe_path.write_text(yaml.safe_dump(recipe, sort_keys=False))
     gw = gateway.load_gateway(recipe_path)
-    gateway.write(gw, gateway.render(gw), tmp / "render")
+    gateway.write([(gw, gateway.render(gw))], tmp / "render")
     compose = tmp / "render" / name / "compose.yaml"
     keys = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", str(recipe_path)],
                           capture_output=True, text=True, check=True, cwd=REPO)

@@ -1,8 +1,8 @@
 """The form of a key the front doors admit: the one source of the rule every check of it derives from.
 
-A key (a person's key at the gateway, the gateway key a backend's front door accepts) is `KEY_MIN_CHARS` or more
-characters of `KEY_ALPHABET`. The alphabet is the characters that are literal inside an nginx regular expression and
-need no quoting in a map or an ``if``: the front doors compare keys with regular expressions
+A key (a person's key at the gateway, the gateway key a backend's front door accepts) is `KEY_MIN_CHARS` to
+`KEY_MAX_CHARS` characters of `KEY_ALPHABET`. The alphabet is the characters that are literal inside an nginx regular
+expression and need no quoting in a map or an ``if``: the front doors compare keys with regular expressions
 (ds4deploy/render/gateway.py `people_maps`, images/proxy/entrypoint.sh). 32 characters of 64 symbols are 192 bits:
 guessing one is hopeless.
 
@@ -26,8 +26,12 @@ import re
 KEY_ALPHABET = "A-Za-z0-9_-"
 # 32 characters of 64 symbols: 192 bits.
 KEY_MIN_CHARS = 32
+# At most: a key is one parameter of the front doors' nginx config (a map line, an `if`), which nginx reads into a
+# 4,096-byte buffer and refuses when longer ("too long parameter": NGX_CONF_BUFFER, src/core/ngx_conf_file.c), with
+# the map's own regex around it; 1,024 characters are 6,144 bits, far beyond any need.
+KEY_MAX_CHARS = 1024
 # A whole key: Python's re and POSIX ERE (grep -E) read it alike. Anchor it (re.fullmatch, grep -x).
-KEY_PATTERN = f"[{KEY_ALPHABET}]{{{KEY_MIN_CHARS},}}"
+KEY_PATTERN = f"[{KEY_ALPHABET}]{{{KEY_MIN_CHARS},{KEY_MAX_CHARS}}}"
 KEY_RE = re.compile(f"^{KEY_PATTERN}$")
 
 
@@ -42,4 +46,4 @@ def _in_words(alphabet: str) -> str:
 
 
 # The rule in words, for messages: the Python checks', and the preflight's (play variable ``ds4_key_rule``).
-KEY_RULE = f"{KEY_MIN_CHARS} or more of {_in_words(KEY_ALPHABET)}"
+KEY_RULE = f"{KEY_MIN_CHARS} to {KEY_MAX_CHARS} characters of {_in_words(KEY_ALPHABET)}"

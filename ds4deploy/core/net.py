@@ -3,6 +3,29 @@
 from __future__ import annotations
 
 import ipaddress
+import re
+
+# A host name (RFC 1123 section 2.1, RFC 1035 section 2.3.4): dot-separated labels of 1-63 letters, digits and
+# '-', neither starting nor ending with '-', 253 characters in all.
+_LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
+HOSTNAME_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
+
+
+def destination_problem(host: str) -> str | None:
+    """Why `host` cannot be where a connection goes (None when it can): not an IP address or RFC 1123 host name
+    (``a..b``, ``-``), a dotted number that is no IPv4 address (``999.1.1.1``), or an address no server answers
+    from (unspecified 0.0.0.0/::, multicast, the IPv4 broadcast address)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        if re.fullmatch(r"[0-9.]+", host):
+            return f"{host!r} is not an IPv4 address"
+        if not HOSTNAME_RE.match(host):
+            return f"{host!r} is neither an IP address nor a host name (RFC 1123: labels of letters, digits and '-')"
+        return None
+    if ip.is_unspecified or ip.is_multicast or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255")):
+        return f"{host} is an unspecified, multicast or broadcast address: no server answers from it"
+    return None
 
 
 def url_host(addr: str) -> str:

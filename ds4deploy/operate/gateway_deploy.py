@@ -23,8 +23,10 @@ import stat
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.keys import KEY_RULE
@@ -33,7 +35,7 @@ from ds4deploy.operate.incidents import docker_env
 from ds4deploy.operate.key_file import parse_env_file
 from ds4deploy.plan.inventory import Inventory
 from ds4deploy.plan.playvars import VARS_DIR
-from ds4deploy.recipe.load import load_recipe
+from ds4deploy.recipe.load import load_recipe, problem_lines
 from ds4deploy.recipe.schema import GatewayRecipe
 from ds4deploy.render import front_door, gateway
 from ds4deploy.render.compose import node_project_name, project_name
@@ -204,7 +206,7 @@ def plan_vars(name: str, inventory_path: Path, inv: Inventory, scope: str = "dep
         "ds4_gw_url": f"http://{gw.bind_address}:{gw.port}",
         "ds4_gw_router_url": f"http://127.0.0.1:{gw.router_port}" if gw.routing.router == "smg" else "",
         "ds4_gw_key_file": gw.key_file,
-        "ds4_gw_metrics_key_file": gateway.metrics_key_file(gw),
+        "ds4_gw_metrics_key_file": gw.metrics_key_file,
         "ds4_gw_people_key_file": gw.people_key_file,
         "ds4_gw_people_dir": str(gateway.people_dir(gw)),
         "ds4_gw_router_image": gateway.image_ref() if gw.routing.router == "smg" else "",
@@ -235,11 +237,32 @@ def write_vars(variables: dict, scope: str, dest_dir: Path | None = None) -> Pat
     return path
 
 
-def _file_problem(what: str, path: str, seen: dict) -> str | None:
-    """A key file as the play saw it on the gateway host (``{"exists", "mode"}``): missing or open to others."""
-    if not seen.get("exists"):
+class SeenFile(BaseModel):
+    """A key file as the play read it on the gateway host (ansible/roles/gateway/tasks/preflight.yml): whether it
+    exists, its mode as Ansible's stat gives it (octal text, ``"0600"``), its text when read."""
+
+    model_config = ConfigDict(extra="forbid")
+    exists: bool = False
+    mode: Annotated[str, Field(pattern=r"^[0-7]{3,4}$")] | None = None
+    text: str = ""
+
+
+class Seen(BaseModel):
+    """What the play saw on the gateway host: the three key files and the gateway's ports that another process
+    holds."""
+
+    model_config = ConfigDict(extra="forbid")
+    key_file: SeenFile = SeenFile()
+    people_key_file: SeenFile = SeenFile()
+    metrics_key_file: SeenFile = SeenFile()
+    ports_busy: list[Annotated[int, Field(ge=1, le=65535)]] = []
+
+
+def _file_problem(what: str, path: str, seen: SeenFile) -> str | None:
+    """A key file as the play saw it on the gateway host: missing or open to others."""
+    if not seen.exists:
         return f"{what} {path} does not exist on the gateway host"
-    mode = int(str(seen.get("mode") or "0"), 8)
+    mode = int(seen.mode or "0", 8)
     if mode & (stat.S_IRWXG | stat.S_IRWXO):
         return f"{what} {path} has mode {mode:04o} (others than its owner may read the keys): chmod 600 {path}"
     return None
@@ -250,7 +273,7 @@ def probe(url: str, key: str, models: list[str], timeout_s: float = PROBE_TIMEOU
     `models`, else what is wrong (unreachable, the key refused, other model names). Never quotes the key."""
     try:
         r = httpx.get(f"{url}/v1/models", headers={"authorization": f"Bearer {key}"}, timeout=timeout_s)
-    except httpx.HTTPError as exc:
+    except (httpx.HTTPError, httpx.InvalidURL) as exc:
         return f"does not answer at {url} ({type(exc).__name__}: {str(exc)[:120]})"
     if r.status_code in (401, 403):
         return (f"refuses the gateway key (HTTP {r.status_code} at {url}/v1/models): its front door does not hold "
@@ -282,19 +305,32 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
         write on the gateway host.
 
     Raises:
-        UserError: one message with every problem: a key file missing, open to others or malformed (a person's key
-            reused for another person among them), a metrics key file kept from an earlier deploy open to others, a
+        UserError: `seen` is not the play's report; one message with every problem: a key file missing, open to
+            others or malformed (a person's key reused for another person, or the gateway key given to a person,
+            or two gateway keys, among them), a metrics key file kept from an earlier deploy open to others, a
             port of the gateway in use, a backend unreachable, refusing the gateway key, or serving other model
             names. The message never holds a key.
     """
     gw = gateway.load_gateway(name)
+    try:
+        seen_ = Seen.model_validate(seen)
+    except ValidationError as exc:
+        raise UserError(f"gateway preflight: the play's report of the gateway host is malformed ({len(exc.errors())} "
+                        f"problem(s), first:{problem_lines(exc, None)[0]})",
+                        "run it through `make deploy RECIPE=<gateway>` (ansible/roles/gateway/tasks/preflight.yml "
+                        "writes that report)") from None
     problems, fixes = [], []
     key = None
-    kf = seen.get("key_file", {})
+    kf = seen_.key_file
     bad = _file_problem("the gateway key file", gw.key_file, kf)
     if bad is None:
-        key = parse_env_file(kf.get("text", "")).get("VLLM_API_KEY")
-        if not key or not gateway.KEY_RE.match(key):
+        lines = [ln for ln in kf.text.splitlines() if ln.strip().startswith("VLLM_API_KEY")]
+        key = parse_env_file(kf.text).get("VLLM_API_KEY")
+        if len(lines) > 1:
+            bad = (f"the gateway key file {gw.key_file} has {len(lines)} VLLM_API_KEY lines: which key the router "
+                   "presents would depend on the reader")
+            key = None
+        elif not key or not gateway.KEY_RE.match(key):
             bad = f"the gateway key file {gw.key_file} holds no VLLM_API_KEY= line of {KEY_RULE}"
             key = None
     if bad:
@@ -303,24 +339,29 @@ def check_secrets_and_backends(name: str, seen: dict) -> dict[str, str]:
                      "(`python3 -c 'import secrets; print(\"VLLM_API_KEY=ds4g-\" + secrets.token_urlsafe(30))'`), "
                      "and give each backend that key (docs/gateway.md, \"Backends\")")
     keys: dict[str, str] = {}
-    pf = seen.get("people_key_file", {})
+    pf = seen_.people_key_file
     bad = _file_problem("the people key file", gw.people_key_file, pf)
     if bad:
         problems.append(bad)
         fixes.append(f"create {gw.people_key_file} (mode 0600) with one '<person> <key>' line per person")
     else:
         try:
-            keys = gateway.parse_people_keys(gw, pf.get("text", ""), gw.people_key_file)
+            keys = gateway.parse_people_keys(gw, pf.text, gw.people_key_file)
         except UserError as exc:
             problems.append(exc.cause)
             fixes.append(exc.fix)
-    mf, metrics_file = seen.get("metrics_key_file", {}), gateway.metrics_key_file(gw)
-    bad = _file_problem("the metrics key file", metrics_file, mf) if mf.get("exists") else None
+    holders = sorted(p for p, k in keys.items() if key is not None and k == key)
+    if holders:
+        problems.append(f"the people key file gives {', '.join(holders)} the gateway key, which every backend "
+                        "accepts: they could call the backends directly, unlogged")
+        fixes.append(f"give {', '.join(holders)} a key of their own in {gw.people_key_file}")
+    mf, metrics_file = seen_.metrics_key_file, gw.metrics_key_file
+    bad = _file_problem("the metrics key file", metrics_file, mf) if mf.exists else None
     if bad:
         problems.append(bad + " (anyone on the gateway host could read the door's /metrics)")
         fixes.append(f"chmod 600 {metrics_file} (delete it to have the deploy generate a new key if others may have "
                      "read it)")
-    busy = sorted(int(p) for p in seen.get("ports_busy", []))
+    busy = sorted(seen_.ports_busy)
     if busy:
         problems.append(f"port(s) {', '.join(map(str, busy))} on the gateway host are in use by another process "
                         "(not this gateway's containers)")

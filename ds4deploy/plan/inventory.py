@@ -61,15 +61,18 @@ def _conflicts(data: Any) -> list[str]:
     out: list[str] = []
 
     def walk(group: str, body: Any) -> None:
+        # Shapes Ansible refuses (hosts as a list, a host's variables as a string) are left to ansible-inventory,
+        # whose message names them.
         if not isinstance(body, dict):
             return
-        for host, hv in (body.get("hosts") or {}).items():
-            for k, v in (hv or {}).items():
+        hosts, children = body.get("hosts"), body.get("children")
+        for host, hv in (hosts.items() if isinstance(hosts, dict) else ()):
+            for k, v in (hv.items() if isinstance(hv, dict) else ()):
                 prev = seen.setdefault(str(host), {}).get(k)
                 if prev is not None and prev[1] != v:
                     out.append(f"host {host} sets {k} = {prev[1]!r} in group {prev[0]} and {v!r} in group {group}")
                 seen[str(host)][k] = (group, v)
-        for child, cb in (body.get("children") or {}).items():
+        for child, cb in (children.items() if isinstance(children, dict) else ()):
             walk(str(child), cb)
 
     if isinstance(data, dict):

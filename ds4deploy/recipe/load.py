@@ -17,7 +17,16 @@ from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import StrictYaml, load_strict, quote_advice
 from ds4deploy.recipe import paths
 from ds4deploy.recipe.paths import resolve_recipe_path
-from ds4deploy.recipe.schema import HCA_RE, HCA_RULE, NETDEV_RE, NETDEV_RULE, VARIANT_SEP, Recipe
+from ds4deploy.recipe.schema import (
+    HCA_RE,
+    HCA_RULE,
+    NETDEV_RE,
+    NETDEV_RULE,
+    NODE_PATH_RE,
+    NODE_PATH_RULE,
+    VARIANT_SEP,
+    Recipe,
+)
 
 
 def _fmt_loc(loc: tuple[Any, ...]) -> str:
@@ -79,6 +88,10 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     data = _extended(path, doc.data, ())
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
+    if data.get("kind") == "gateway":
+        raise UserError(f"{path} is a gateway recipe (kind: gateway), not a stack recipe",
+                        f"use `ds4deploy gateway render {path}` (a gateway recipe's commands: `ds4deploy gateway "
+                        "--help`; deploy it with `make deploy RECIPE=<its name> INVENTORY=<file>`)")
     secrets = find_secrets(data)
     if secrets:
         raise UserError(
@@ -96,7 +109,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     return recipe
 
 
-_PATTERN_RULES = {NETDEV_RE: NETDEV_RULE, HCA_RE: HCA_RULE}
+_PATTERN_RULES = {NETDEV_RE: NETDEV_RULE, HCA_RE: HCA_RULE, NODE_PATH_RE: NODE_PATH_RULE}
 
 
 def problem_lines(exc: ValidationError, doc: StrictYaml | None) -> list[str]:

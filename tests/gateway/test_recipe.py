@@ -80,7 +80,7 @@ def test_committed_render_is_fresh_and_holds_no_key() -> None:
 def test_render_check_fails_on_a_hand_edit(tmp_path: Path) -> None:
     gw = gateway.load_gateway("office")
     files = gateway.render(gw)
-    gateway.write(gw, files, tmp_path)
+    gateway.write([(gw, files)], tmp_path)
     assert gateway.stale(gw, files, tmp_path) == []
     conf = tmp_path / "office" / "front-door.conf.template"
     conf.write_text(conf.read_text().replace("return 401;", "return 200;", 1))
@@ -184,7 +184,7 @@ def test_one_key_for_two_people_is_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "mode", "words"), [
     (f"alice {KEY_A}\n", 0o644, ("readable or writable by group or others", "chmod 600")),
     (f"mallory {KEY_A}\n", 0o600, ("line 1 names a person who is not in the recipe's people (alice, bob, carol)",)),
-    ("alice short-key\n", 0o600, ("not 32 or more",)),
+    ("alice short-key\n", 0o600, ("not 32 to 1024 characters",)),
     (f"alice {KEY_A} extra\n", 0o600, ("line 1 is not '<person> <key>'",)),
 ])
 def test_bad_people_files_are_refused(tmp_path: Path, text: str, mode: int, words: tuple[str, ...]) -> None:

@@ -166,7 +166,7 @@ class Office:
         supervise = Path("/var/lib/ds4deploy/supervise")
         # This machine's part (the control and gateway host): the gateway's keys and files, both supervisors'
         # records, installs and journals, the incident folders. The hosts' own go with their nodes.
-        self.remember(Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(gateway.metrics_key_file(OFFICE)),
+        self.remember(Path(OFFICE.key_file), Path(OFFICE.people_key_file), Path(OFFICE.metrics_key_file),
                       gateway.people_dir(OFFICE), Path("/opt/ds4deploy/gateways") / GATEWAY, INCIDENTS_ROOT / RECIPE,
                       INCIDENTS_ROOT / f"gateway-{GATEWAY}", *(supervise / f"{RECIPE}{suffix}" for suffix in (
                           ".jsonl", *(f".{h}.restart.log" for h in HOSTS))), supervise / f"{GATEWAY}.jsonl",

@@ -128,6 +128,30 @@ def test_key_files_missing_open_or_malformed(tmp_path, backend) -> None:
         gd.check_secrets_and_backends(path, _seen(f"VLLM_API_KEY={GW_KEY}\n", None))
 
 
+def test_the_gateway_key_given_to_a_person_or_twice_is_refused(tmp_path, backend) -> None:
+    """A person holding the gateway key could call every backend directly, unlogged; two VLLM_API_KEY lines leave
+    which key the router presents to whoever reads the file. Neither message holds a key."""
+    path = _recipe(tmp_path, [backend])
+    with pytest.raises(UserError, match="gives alice the gateway key") as exc:
+        gd.check_secrets_and_backends(path, _seen(f"VLLM_API_KEY={GW_KEY}\n", f"alice {GW_KEY}\n"))
+    assert GW_KEY not in str(exc.value) and "give alice a key of their own" in exc.value.fix
+    other = "ds4-" + "o" * 40
+    with pytest.raises(UserError, match="has 2 VLLM_API_KEY lines") as exc:
+        gd.check_secrets_and_backends(path, _seen(f"VLLM_API_KEY={GW_KEY}\nVLLM_API_KEY={other}\n",
+                                                  "alice ds4p-alice-" + "a" * 30 + "\n"))
+    assert GW_KEY not in str(exc.value) and other not in str(exc.value)
+
+
+@pytest.mark.parametrize("seen", [[1], None, "x", {"key_file": {"exists": True, "mode": "rw"}},
+                                  {"key_file": {"exists": True, "mode": 384}}, {"key_file": {"text": None}},
+                                  {"ports_busy": ["x"]}, {"ports_busy": None}, {"key_fil": {}}])
+def test_a_malformed_report_of_the_play_is_one_message(tmp_path, backend, seen) -> None:
+    """The preflight's stdin is the play's report; anything else is refused naming it (it raised AttributeError,
+    ValueError or TypeError before)."""
+    with pytest.raises(UserError, match="the play's report of the gateway host is malformed"):
+        gd.check_secrets_and_backends(_recipe(tmp_path, [backend]), seen)
+
+
 def test_a_kept_metrics_key_file_must_be_0600_and_a_missing_one_is_generated(tmp_path, backend) -> None:
     path = _recipe(tmp_path, [backend])
     good = _seen(f"VLLM_API_KEY={GW_KEY}\n", "alice ds4p-alice-" + "a" * 30 + "\n")

@@ -38,7 +38,7 @@ def test_play_vars_are_the_committed_render_plus_provisioning_plus_the_plan():
     assert got["ds4_node_plan"]["node-b"]["launch_env"]["DS4_NODE_RANK"] == "1"
     assert got["ds4_node"] == "{{ ds4_node_plan[inventory_hostname] }}"
     assert got["ds4_key_pattern"] == KEY_PATTERN  # the preflight's key form (tests/unit/test_keys.py)
-    assert got["ds4_key_rule"] == KEY_RULE == "32 or more of A-Z a-z 0-9 _ -"  # and its messages
+    assert got["ds4_key_rule"] == KEY_RULE == "32 to 1024 characters of A-Z a-z 0-9 _ -"  # and its messages
     # Provisioning needs no node plan (the test hosts carry no ranks).
     assert "ds4_node_plan" not in playvars.play_vars(recipe, {}, "provision")
 
