@@ -20,13 +20,14 @@ from ds4deploy.plan.inventory import read_inventory
 def cmd_recipe_validate(ns: argparse.Namespace) -> int:
     """Validate the named recipes (all and their variants when none are named), rendering each in memory so that
     derived values are checked too; exit 2 with every problem listed otherwise."""
-    for r, _ in _load_all(ns.recipes):
+    for r, _ in _load_all(ns.recipes, variants=True):
         print(f"ok: {r.name} ({r.engine.name} {r.engine.version}, {r.model.served_name})")
     return 0
 
 
-def _load_all(names: list[str]):
-    """Every named recipe (all recipes and variants when none are named), each loaded and rendered in memory.
+def _load_all(names: list[str], variants: bool = False):
+    """Every named recipe (all recipes and variants when none are named; with `variants`, a named base recipe's
+    variants too), each loaded and rendered in memory.
 
     Returns:
         [(recipe, render)].
@@ -49,10 +50,13 @@ def _load_all(names: list[str]):
         try:
             r = load_recipe(n)
             out.append((r, render.render(r)))
-            if not names:
+            if not names or (variants and VARIANT_SEP not in r.name):
                 for v in sorted(r.variants):
-                    rv = load_recipe(f"{r.name}{VARIANT_SEP}{v}")
-                    out.append((rv, render.render(rv)))
+                    rv = load_recipe(r.source_path, variant=v) if names else load_recipe(f"{r.name}{VARIANT_SEP}{v}")
+                    try:
+                        out.append((rv, render.render(rv)))
+                    except UserError as exc:
+                        problems.append(f"variant {rv.name}: {exc.cause}\n    fix: {exc.fix}")
         except UserError as exc:
             problems.append(f"{exc.cause}\n    fix: {exc.fix}")
     if problems:

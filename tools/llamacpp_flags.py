@@ -49,7 +49,9 @@ def _calls(src: str) -> list[str]:
 
 
 def parse(src: str) -> dict[str, dict]:
-    """``{flag: {"value": bool, "negation": bool}}`` for every option llama-server accepts."""
+    """``{flag: {"value": bool, "negation": bool, "option": str}}`` for every option llama-server accepts; `option`
+    names the option a spelling belongs to (its first long name: ``-t`` and ``--threads`` are ``--threads``, and
+    a negation ``--no-x`` is its option's), so two spellings of one option can be told apart from two options."""
     flags: dict[str, dict] = {}
     for call in _calls(src):
         # A whole-line comment may stand before the names (`// note: "-mmdev" must sort after ...`).
@@ -68,10 +70,12 @@ def parse(src: str) -> dict[str, dict]:
         handler = re.search(r"\[\]\(common_params\s*&\s*\w+\s*(,\s*([^)]*))?\)", call)
         arg_type = (handler.group(2) or "") if handler else ""
         takes_value = bool(arg_type) and not arg_type.startswith("bool")
-        for name in re.findall(r'"([^"]+)"', lists.group(1)):
-            flags[name] = {"value": takes_value, "negation": False}
+        names = re.findall(r'"([^"]+)"', lists.group(1))
+        option = next((n for n in names if n.startswith("--")), names[0] if names else "")
+        for name in names:
+            flags[name] = {"value": takes_value, "negation": False, "option": option}
         for name in re.findall(r'"([^"]+)"', lists.group(2) or ""):
-            flags[name] = {"value": False, "negation": True}
+            flags[name] = {"value": False, "negation": True, "option": option}
     return dict(sorted(flags.items()))
 
 

@@ -43,11 +43,12 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.secret_scan import strip_userinfo
+from ds4deploy.core.secret_scan import is_secret_name, strip_userinfo, token_shape
 from ds4deploy.core.yamlio import load_json
 from ds4deploy.recipe import paths as recipe_paths
 from ds4deploy.recipe.paths import REPO_ROOT
@@ -86,13 +87,17 @@ FILE_RE = r"^[A-Za-z0-9][A-Za-z0-9._+-]*$"
 SHA256_RE = r"^[0-9a-f]{64}$"
 
 
+# What a lock entry's URL must look like: http(s), no userinfo left, no white space (`LockEntry.url`).
+URL_RE = r"^https?://[^@\s]+$"
+
+
 class LockEntry(BaseModel):
     """One artifact in ``recipes/<name>.lock.json``: its file name, the URL it was fetched from (no userinfo),
     size in bytes, sha256 (64 lower-case hex)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
     file: str = Field(pattern=FILE_RE)
-    url: str = Field(pattern=r"^https?://[^@\s]+$")
+    url: str = Field(pattern=URL_RE)
     size: int = Field(ge=0)
     sha256: str = Field(pattern=SHA256_RE)
 
@@ -248,10 +253,11 @@ def _download(url: str, into: Path, name: str) -> str:
     """
     import httpx
 
-    into.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".download-", dir=into.parent)
     h = hashlib.sha256()
+    tmp = None
     try:
+        into.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".download-", dir=into.parent)
         with os.fdopen(fd, "wb") as out, httpx.stream("GET", url, follow_redirects=True,
                                                      timeout=DOWNLOAD_TIMEOUT_S) as resp:
             resp.raise_for_status()
@@ -267,7 +273,8 @@ def _download(url: str, into: Path, name: str) -> str:
     except OSError as exc:
         raise UserError(f"could not write {into}: {exc.strerror or exc}", f"make {into.parent} writable") from None
     finally:
-        Path(tmp).unlink(missing_ok=True)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
     return h.hexdigest()
 
 
@@ -287,15 +294,134 @@ def _obtain(art: Artifact, source: str) -> tuple[str, int]:
                             f"pass the downloaded {art.file} (--artifact {art.name}=PATH) or its URL")
         sha = _sha256(src)
         tmp = cached_path("incoming", art.file)
-        tmp.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, tmp)
+        try:
+            tmp.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, tmp)
+        except OSError as exc:
+            if tmp.is_file():
+                tmp.unlink()
+            raise UserError(f"could not copy {src} into the cache ({tmp}): {exc.strerror or exc}",
+                            f"make {tmp.parent} writable (or point DS4_CACHE_DIR at a writable directory)") from None
         if _sha256(tmp) != sha:
             tmp.unlink(missing_ok=True)
             raise UserError(f"{src} changed while it was copied into the cache", "run the lock again")
     final = cached_path(sha, art.file)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    os.replace(tmp, final)
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp, final)
+    except OSError as exc:
+        if tmp.is_file():
+            tmp.unlink()
+        raise UserError(f"could not write {final}: {exc.strerror or exc}",
+                        f"make {final.parent} writable (or point DS4_CACHE_DIR at a writable directory)") from None
     return sha, final.stat().st_size
+
+
+# Query parameter names that carry a signature, a credential until it expires, with no credential word in them
+# (`is_secret_name` finds X-Amz-Credential, token, access_token): AWS SigV4 presigned URLs' X-Amz-Signature
+# (https://docs.aws.amazon.com/AmazonS3/latest/API/sigv4-query-string-auth.html), Google Cloud Storage signed URLs'
+# X-Goog-Signature (https://cloud.google.com/storage/docs/access-control/signed-urls), Azure shared access
+# signatures' sig (https://learn.microsoft.com/en-us/rest/api/storageservices/create-service-sas).
+_SIGNATURE_NAME = re.compile(r"(^|[-_])(sig|signature)$", re.IGNORECASE)
+
+
+def url_credentials(url: str) -> list[str]:
+    """Where the query or the fragment of `url` carries a credential, one phrase each, naming the parameter but
+    never its value: a parameter whose name is credential-shaped (`is_secret_name`: ``token``, ``access_token``;
+    a signature, `_SIGNATURE_NAME`) or whose value has a credential's shape (`token_shape`: ``ghp_...``), and a
+    piece without ``=`` that is a token or a ``user:password`` pair (RFC 3986 section 3.2.1's deprecated form).
+    Empty when there is none."""
+    parts = urlsplit(url)
+    out = []
+    for where, text in (("query", parts.query), ("fragment", parts.fragment)):
+        for piece in re.split(r"[&;]", text):
+            raw_name, sep, raw_value = piece.partition("=")
+            name, value = unquote_plus(raw_name), unquote_plus(raw_value)
+            if sep and token_shape(name):
+                out.append(f"a {where} parameter whose name is a credential")
+            elif sep and (is_secret_name(name) or _SIGNATURE_NAME.search(name) or token_shape(value)):
+                out.append(f"{where} parameter {name!r}")
+            elif not sep and name and (":" in name or token_shape(name)):
+                out.append(f"the {where} (a user:password pair or a token)")
+    return list(dict.fromkeys(out))
+
+
+def _bare(url: str) -> str:
+    """`url` without userinfo, query and fragment: what a message may print of a URL that carries a credential."""
+    parts = urlsplit(strip_userinfo(url))
+    return urlunsplit(parts._replace(query="", fragment=""))
+
+
+def _url_origin(recipe: Recipe, art: Artifact) -> str:
+    """Where an artifact's default URL (``<NAME>_URL/<file>``) comes from: the recipe's build arg or the
+    Dockerfile's ARG default."""
+    arg = f"{art.name}_URL"
+    if arg in recipe.image_build_args:
+        return f"engine.image.build_args.{arg} of recipe '{recipe.base_name}'"
+    return f"ARG {arg} of images/{recipe.engine.image.arch}/Dockerfile"
+
+
+def check_recorded_url(recipe: Recipe, art: Artifact, source: str, given: bool) -> None:
+    """Refuse, before anything is downloaded, copied or written, an artifact whose URL cannot go into the committed
+    lock: the URL the lock records (the --artifact URL, or for a local file the recipe's ``<NAME>_URL/<file>``,
+    where builds download it when no copy is at hand) must be plain http(s) (`URL_RE`) and carry no credential in its
+    query or fragment (`url_credentials`; userinfo is used for the download and stripped, `strip_userinfo`). The
+    message names what the user wrote: the --artifact option, or the recipe's (or Dockerfile's) build arg.
+
+    Args:
+        source: the --artifact value, or the default URL when none was given.
+        given: whether `source` came from --artifact.
+    Raises:
+        UserError: naming the URL's origin and the credential-carrying parameter (never its value).
+    """
+    url_given = given and _is_url(source)
+    recorded = strip_userinfo(source if url_given else art.url)
+    origin = f"--artifact {art.name}=URL" if url_given else _url_origin(recipe, art)
+    arg = f"{art.name}_URL"
+    lock = lock_path(recipe).name
+    creds = url_credentials(recorded)
+    if creds:
+        if url_given:
+            fix = (f"give the mirror the credential in the URL's user part (http(s)://user:TOKEN@host/..., used "
+                   f"for the download and never recorded), or download {art.file} yourself and pass it with "
+                   f"--artifact {art.name}=PATH")
+        else:
+            fix = (f"remove the credential from {arg} ({origin}); a recipe and a lock are committed, so a credential "
+                   f"goes in the URL's user part of an --artifact {art.name}=URL, or download {art.file} yourself and "
+                   f"pass it with --artifact {art.name}=PATH")
+        raise UserError(f"{art.name}: the URL from {origin} ({_bare(recorded)}) carries a credential in "
+                        f"{', '.join(creds)}; {lock} would record it; nothing was downloaded or written", fix)
+    if not re.match(URL_RE, recorded):
+        if url_given:
+            raise UserError(f"{art.name}: the URL from {origin} ({_bare(recorded)!r}) has white space or '@' after the "
+                            f"host, which {lock} cannot record; nothing was downloaded or written",
+                            "pass the artifact from a plain http(s) URL or a local file")
+        raise UserError(f"{art.name}: {origin} is {_bare(recorded.rsplit('/', 1)[0])!r}: {lock} records "
+                        f"<{arg}>/<file> as the URL builds download the artifact from when no copy is at hand, and "
+                        "builds download only from a plain http(s) URL (no white space, no '@'); nothing was written",
+                        f"set {arg} in engine.image.build_args of recipe '{recipe.base_name}' to the http(s) folder "
+                        "the artifact is published in (or remove it there to use the Dockerfile's default), then "
+                        "lock again")
+
+
+def check_cache() -> None:
+    """Refuse before anything is copied when the cache (`ds4deploy.model.verify.cache_dir`) cannot hold a directory:
+    it, or a folder above it, is a file.
+
+    Raises:
+        UserError: naming the file in the way, and DS4_CACHE_DIR when it is set.
+    """
+    from ds4deploy.model.verify import cache_dir
+
+    root = cache_dir()
+    p = root / "artifacts"
+    while not p.exists() and p != p.parent:  # the nearest part of the path that exists must be a directory
+        p = p.parent
+    if not p.is_dir():
+        named = f"DS4_CACHE_DIR={root}" if os.environ.get("DS4_CACHE_DIR") else f"the cache {root}"
+        raise UserError(f"{named} cannot hold the artifact copies: {p} is a file, not a directory; nothing was "
+                        "written", f"point DS4_CACHE_DIR at a directory (or unset it: "
+                        f"$XDG_CACHE_HOME/ds4deploy, else ~/.cache/ds4deploy), or move {p} out of the way")
 
 
 def parse_sources(values: list[str], arts: list[Artifact]) -> dict[str, str]:
@@ -450,9 +576,11 @@ def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, boo
     Returns:
         ``(lock, path, written)``; `written` is False when the committed lock already recorded the same digests.
     Raises:
-        UserError: the image has nothing to lock; the owner-supplied base image is not on this host (the image and
-            ``docker load`` named, nothing written); a source that cannot be read or reached; code 1 when a committed
-            lock disagrees with an artifact or with the base image's ID (both named; the lock is left as it is).
+        UserError: the image has nothing to lock; something other than a file where the lock goes; a URL the lock
+            cannot record (`check_recorded_url`: a credential in it, not plain http(s)); a cache that is a file
+            (`check_cache`); the owner-supplied base image is not on this host (the image and ``docker load`` named,
+            nothing written); a source that cannot be read or reached; code 1 when a committed lock disagrees with
+            an artifact or with the base image's ID (both named; the lock is left as it is).
     """
     arts = image_artifacts(recipe)
     path = lock_path(recipe)
@@ -461,7 +589,18 @@ def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, boo
         raise UserError(f"the {recipe.engine.image.arch} image build of '{recipe.name}' downloads no artifact that "
                         "needs a lock (no ARG <NAME>_SHA256 in its Dockerfile) and builds on no owner-supplied base "
                         f"image (engine.image.base_image under {OWNER_BASE_PREFIX})", "nothing to lock")
+    from ds4deploy.model.lock import occupied_by
+
+    what = occupied_by(path)
+    if what is not None:  # before anything is downloaded or copied
+        raise UserError(f"{path} is {what}, where the lock of '{recipe.base_name}' is written; nothing was written",
+                        f"move it out of the way (it is no lock), then run `ds4deploy image lock {recipe.base_name}` "
+                        "again")
     committed = load_lock(recipe)
+    for art in arts:
+        check_recorded_url(recipe, art, sources.get(art.name, art.url), art.name in sources)
+    if arts:
+        check_cache()
     base = None
     if base_ref is not None:  # read first: an absent image stops before anything is downloaded or written
         got = inspect_image(base_ref)
@@ -512,9 +651,14 @@ def lock_image(recipe: Recipe, sources: dict[str, str]) -> tuple[dict, Path, boo
                             "local/my-engine:v1") from None
         raise UserError(f"the lock of '{recipe.base_name}' would not be valid ({where}: {err['msg']}); nothing was "
                         "written", "pass the artifact from a plain http(s) URL or a local file") from None
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(lock, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    from ds4deploy.model.lock import write_atomic
+
+    try:
+        write_atomic(path, json.dumps(lock, indent=2) + "\n")
+    except OSError as exc:
+        raise UserError(f"could not write {path}: {exc.strerror or exc}; nothing was written",
+                        f"make {path.parent} writable and run `ds4deploy image lock {recipe.base_name}` "
+                        "again") from None
     return lock, path, True
 
 

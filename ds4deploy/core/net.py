@@ -20,7 +20,7 @@ def destination_problem(host: str) -> str | None:
     except ValueError:
         if re.fullmatch(r"[0-9.]+", host):
             return f"{host!r} is not an IPv4 address"
-        if not HOSTNAME_RE.match(host):
+        if not HOSTNAME_RE.fullmatch(host):
             return f"{host!r} is neither an IP address nor a host name (RFC 1123: labels of letters, digits and '-')"
         return None
     if ip.is_unspecified or ip.is_multicast or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255")):

@@ -21,6 +21,7 @@ it is recorded; `redact` masks every secret shape in a text before it is printed
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
@@ -60,6 +61,14 @@ TOKEN_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # RFC 7617 Basic credentials (base64 of user:password) and RFC 6750 bearer credentials written into a value
     ("Basic credential", re.compile(r"\bBasic\s+[A-Za-z0-9+/]{8,}={0,2}(?![A-Za-z0-9+/=])")),
     ("bearer credential", re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=-]{12,}")),
+    # A credential flag with its value inside one string (a shell command line, an env value holding extra flags:
+    # "exec vllm ... --api-key 9f8e..."): vLLM's --api-key, its hub token flags, and the common spellings. A value
+    # that is a variable or a placeholder ($VLLM_API_KEY, ${...}, <key>) is no credential, nor a word of prose
+    # ("--api-key passes a credential"): a value counts with 8+ characters one of which is no lower-case letter, or
+    # with 20+ characters.
+    ("credential flag in a command line", re.compile(
+        r"(?<![A-Za-z0-9_-])--?(api[-_]?key|hf[-_]token|token|password|passwd|secret|auth[-_]token|access[-_]token)"
+        r"(=|\s+)[\"']?(?![$<{])((?=[^\s\"']*[^a-z\s\"'])[^\s\"']{8,}|[^\s\"']{20,})")),
 )
 
 # High-entropy tokens: a run of base64/base64url/hex characters at least this long ...
@@ -79,7 +88,7 @@ _HEX_RUN = re.compile(r"^[0-9a-fA-F]+$")
 # anywhere (DBPASSWORD).
 _SECRET_NAME = re.compile(
     r"(^|_)(API_?KEY|ACCESS_KEY|APIKEY|SECRET|SECRET_KEY|SECRETS|TOKEN|AUTH_TOKEN|ACCESS_TOKEN|CREDENTIALS?|CREDS?|"
-    r"PRIVATE_KEY)($|_)|_(KEY|AUTH|PAT|PASS|PWD)$|PASSWORD|PASSWD"
+    r"PRIVATE_KEY)($|_)|_(KEY|AUTH|PAT|PASS|PWD)$|(TOKEN|SECRET|APIKEY)$|PASSWORD|PASSWD|PASSPHRASE"
 )
 # Names with a secret word that carry no credential: digests, token counts, files and paths that point at a
 # secret (the key file itself lives outside the repo), and the recipe's own auth settings.
@@ -91,7 +100,8 @@ _NOT_SECRET_NAME = re.compile(
 
 def is_secret_name(name: str) -> bool:
     """Whether an env var, build arg or flag name (``VLLM_API_KEY``, ``--hf-token``) carries a credential."""
-    norm = name.lstrip("-").upper().replace("-", "_")
+    # A numbered name is its word's (HF_TOKEN2, DB_PASSWORD_1: the second of a kind is as secret as the first).
+    norm = re.sub(r"_?[0-9]+$", "", name.lstrip("-").upper().replace("-", "_"))
     return bool(_SECRET_NAME.search(norm)) and not _NOT_SECRET_NAME.search(norm)
 
 
@@ -184,6 +194,10 @@ def _walk(node: Any, path: tuple) -> Iterator[tuple[tuple, str]]:
     if isinstance(node, dict):
         for k, v in node.items():
             sub = (*path, str(k))
+            if isinstance(k, str) and (token_shape(k) or (len(k.split()) > 1 and is_secret_name(k.split()[0]))):
+                # A key that is itself a credential (an env name pasted as a token, "api-key <key>": true).
+                yield (*path, "<a key>"), "a mapping key holds a credential"
+                continue
             if (isinstance(k, str) and is_secret_name(k) and isinstance(v, str | int | float)
                     and not isinstance(v, bool) and v != ""):
                 yield sub, f"'{k}' names a credential"
@@ -201,6 +215,14 @@ def _walk(node: Any, path: tuple) -> Iterator[tuple[tuple, str]]:
         kind = token_shape(node)
         if kind:
             yield path, f"value looks like a {kind}"
+        elif node.lstrip().startswith(("{", "[")):
+            # A JSON argument (--speculative-config, --model-loader-extra-config '{"api_key": ...}'): its names and
+            # values are scanned as a mapping's. Text that is not JSON was scanned whole above.
+            try:
+                parsed = json.loads(node)
+            except (ValueError, RecursionError):
+                return
+            yield from _walk(parsed, path)
 
 
 def find_secrets(node: Any, root: str = "") -> list[str]:

@@ -30,6 +30,8 @@ schema error can say "quote it" instead of showing the number YAML made of it.
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +50,63 @@ MAX_NODES = 500_000
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys and unquoted timestamps."""
+    """SafeLoader that refuses duplicate keys, unquoted timestamps, the number forms only YAML 1.1 has, and
+    numbers that are not finite."""
+
+
+class _RecipeLoader(_StrictLoader):
+    """`_StrictLoader` that also refuses YAML 1.1's word booleans (yes/no/on/off): for recipes, whose free-form
+    engine arguments reach the engine as whatever the reader made of them."""
 
 
 class AmbiguousScalar(yaml.YAMLError):
-    """An unquoted scalar that YAML 1.1 readers (PyYAML, Ansible) turn into a date, YAML 1.2 readers into a string."""
+    """An unquoted scalar that YAML 1.1 readers (PyYAML, Ansible) read as one thing and YAML 1.2 readers (or the
+    engine) as another: a date, an octal or sexagesimal number, a word boolean, an infinite number."""
 
-    def __init__(self, value: str, line: int) -> None:
-        super().__init__(f"unquoted date/time {value!r} at line {line}")
-        self.value, self.line = value, line
+    def __init__(self, value: str, line: int, reading: str = "a date") -> None:
+        super().__init__(f"unquoted {value!r} at line {line}")
+        self.value, self.line, self.reading = value, line, reading
 
 
 def _refuse_timestamp(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> None:
     raise AmbiguousScalar(node.value, node.start_mark.line + 1)
 
 
+# Forms of YAML 1.1's int and float types that YAML 1.2's core schema reads as strings or as other numbers
+# (https://yaml.org/type/int.html, https://yaml.org/type/float.html, YAML 1.2.2 section 10.3.2): a leading 0 is
+# octal (010 is 8, not 10), 0b binary, base 60 (1:04 is 64), '_' separators (1_000).
+_YAML11_ONLY_NUMBER = re.compile(r"^[-+]?(0[0-7_]+|0b[01_]+|[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?|[0-9.]*_[0-9._]*)$")
+
+
+NOT_FINITE = "a number that is not finite"
+
+
+def _number(kind: str):
+    plain = getattr(yaml.SafeLoader, f"construct_yaml_{kind}")
+
+    def construct(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+        value = plain(loader, node)
+        if _YAML11_ONLY_NUMBER.match(node.value.strip()):
+            raise AmbiguousScalar(node.value, node.start_mark.line + 1,
+                                  f"the number {value!r} (a YAML 1.1 form; YAML 1.2 reads it otherwise)")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise AmbiguousScalar(node.value, node.start_mark.line + 1, NOT_FINITE)
+        return value
+
+    return construct
+
+
+def _word_bool(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> bool:
+    value = loader.construct_yaml_bool(node)
+    if node.value.lower() not in ("true", "false"):
+        raise AmbiguousScalar(node.value, node.start_mark.line + 1,
+                              f"the boolean {value} (YAML 1.1; YAML 1.2 reads the word as text)")
+    return value
+
+
 _StrictLoader.add_constructor("tag:yaml.org,2002:timestamp", _refuse_timestamp)
+_StrictLoader.add_constructor("tag:yaml.org,2002:int", _number("int"))
+_StrictLoader.add_constructor("tag:yaml.org,2002:float", _number("float"))
 
 
 class DuplicateKey(yaml.YAMLError):
@@ -103,6 +146,8 @@ def _construct_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool
 
 
 _StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+# Last: PyYAML copies a class's constructors on its first add_constructor, so the recipe loader gets every one above.
+_RecipeLoader.add_constructor("tag:yaml.org,2002:bool", _word_bool)
 
 _STR_TAG = "tag:yaml.org,2002:str"
 
@@ -258,30 +303,43 @@ def _syntax_error(exc: yaml.YAMLError, origin: str) -> None:
                     "fix the YAML syntax (yamllint shows the spot)") from None
 
 
-def parse_strict(text: str, origin: str) -> StrictYaml:
+def parse_strict(text: str, origin: str, recipe: bool = False) -> StrictYaml:
     """Parse YAML `text` strictly and within bounds.
 
     Args:
         text: the YAML source.
         origin: file name (or other label) named in error messages.
+        recipe: a recipe (stack or gateway): YAML 1.1's word booleans (yes/no/on/off) are refused too. Other files
+            (inventories, Ansible's own YAML 1.1 dialect) keep them.
     Returns:
         The document with its key lines.
     Raises:
         UserError: over a bound (size, depth, alias expansion); a YAML syntax error (with line and column); a key
-            written twice (with both lines, as written); an unquoted date.
+            written twice (with both lines, as written); an unquoted date, a YAML 1.1-only number (octal 010, base
+            60, binary, '_'), .inf or .nan, and in a recipe a word boolean.
     """
     _bounds(text, origin)
+    cls = _RecipeLoader if recipe else _StrictLoader
     try:
-        node = yaml.compose(text, Loader=_StrictLoader)
-        loader = _StrictLoader(text)
+        node = yaml.compose(text, Loader=cls)
+        loader = cls(text)
         try:
             data = loader.get_single_data()
         finally:
             loader.dispose()
     except AmbiguousScalar as exc:
-        raise UserError(f"{origin}: line {exc.line}: the unquoted value {exc.value} is a date to YAML 1.1 readers "
-                        "(PyYAML, Ansible) and a string to others, so what the engine gets would depend on the reader",
-                        f"quote it at line {exc.line} ('{exc.value}') if you mean the text") from None
+        if exc.reading == "a date":
+            raise UserError(f"{origin}: line {exc.line}: the unquoted value {exc.value} is a date to YAML 1.1 readers "
+                            "(PyYAML, Ansible) and a string to others, so what the engine gets would depend on the "
+                            "reader", f"quote it at line {exc.line} ('{exc.value}') if you mean the text") from None
+        if exc.reading == NOT_FINITE:
+            raise UserError(f"{origin}: line {exc.line}: {exc.value} is not a finite number; no size, count or bound "
+                            "of a deploy is infinite or not a number", f"write a finite number at line {exc.line}"
+                            ) from None
+        raise UserError(f"{origin}: line {exc.line}: the unquoted value {exc.value} is {exc.reading} to PyYAML and "
+                        "Ansible, so what the engine gets would depend on the reader",
+                        f"at line {exc.line}, quote it ('{exc.value}') if you mean the text, or write the value "
+                        "plainly (a decimal number, true/false)") from None
     except DuplicateKey as exc:
         same = (f"key '{exc.second}' is written twice" if exc.first == exc.second else
                 f"keys '{exc.first}' and '{exc.second}' are one key to the reader (YAML 1.1 reads them as "
@@ -324,13 +382,13 @@ def read_text(path: Path | str, what: str = "file") -> str:
                         "check the path and that the file is UTF-8 text") from None
 
 
-def load_strict(path: Path | str) -> StrictYaml:
-    """Read and parse `path` strictly (see `parse_strict`).
+def load_strict(path: Path | str, recipe: bool = False) -> StrictYaml:
+    """Read and parse `path` strictly (see `parse_strict`; `recipe` as there).
 
     Raises:
         UserError: the file cannot be read or is too large, or `parse_strict` refuses it.
     """
-    return parse_strict(read_text(path, "YAML file"), str(path))
+    return parse_strict(read_text(path, "YAML file"), str(path), recipe)
 
 
 def parse_json(text: str, origin: str, fix: str) -> Any:
@@ -356,8 +414,12 @@ def parse_json(text: str, origin: str, fix: str) -> Any:
             out[k] = v
         return out
 
+    def finite_only(constant: str) -> float:
+        # Python's json reads NaN, Infinity and -Infinity, which JSON (RFC 8259 section 6) does not have.
+        raise ValueError(f"{constant} is not a JSON number (RFC 8259 has no NaN or Infinity)")
+
     try:
-        return json.loads(text, object_pairs_hook=no_duplicates)
+        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=finite_only)
     except ValueError as exc:
         raise UserError(f"{origin} is not valid JSON: {exc}", fix) from None
     except RecursionError:

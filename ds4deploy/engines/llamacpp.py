@@ -142,9 +142,18 @@ def server_args(recipe: Recipe) -> list[str]:
             args += [flag, str(value)]
     args.append("--jinja" if lc.jinja else "--no-jinja")
     args += ["--metrics", "--slots"]
+    derived = len(args)
+    flags = known_flags()
     for name, value in lc.extra_args.items():
         flag = name if name.startswith("-") else f"--{name}"
         if value is False:
+            # A switch turned off is its negated spelling (--no-<x>), where the option has one.
+            off = next((n for n, f in flags.items() if f.get("negation") and f.get("option") == (
+                flags.get(flag) or {}).get("option")), None)
+            if off is None:
+                raise UserError(f"engine.llamacpp.extra_args sets {flag}: false, and llama-server's {flag} has no "
+                                "negated form", f"remove {name} from engine.llamacpp.extra_args to leave it off")
+            args.append(off)
             continue
         args += [flag] if _bare(value) else [flag, str(value)]
     bad = unknown_flags(args)
@@ -154,7 +163,43 @@ def server_args(recipe: Recipe) -> list[str]:
             f"(registry: {flags_source()})",
             "check the spelling against `llama-server --help` of the recipe's image, or remove it from "
             "engine.llamacpp.extra_args")
+    _one_spelling_each(recipe, args, derived, flags)
     return args
+
+
+# Options the deploy owns outside the argv: the API key is the front door's and the key file's (serving.auth).
+_OWNED_OPTIONS = ("--api-key", "--api-key-file")
+
+
+def _one_spelling_each(recipe: Recipe, args: list[str], derived: int, flags: dict[str, dict]) -> None:
+    """Refuse an extra flag that is an option the argv already sets under any of its spellings (-t and --threads,
+    --jinja and --no-jinja: llama-server keeps the last one given), or one the deploy owns (`_OWNED_OPTIONS`).
+
+    Raises:
+        UserError: naming the extra flag, the spelling already there and the recipe field that sets it.
+    """
+    def option(tok: str) -> str | None:
+        return (flags.get(tok.split("=", 1)[0]) or {}).get("option")
+
+    ours = {option(t): t for t in args[:derived] if t.startswith("-") and option(t)}
+    clashes, owned = [], []
+    for tok in args[derived:]:
+        opt = option(tok) if tok.startswith("-") else None
+        if opt in _OWNED_OPTIONS:
+            owned.append(tok)
+        elif opt is not None and opt in ours:
+            clashes.append(f"{tok} (the render sets {ours[opt]})")
+        elif opt is not None:
+            ours[opt] = tok
+    if owned:
+        raise UserError(f"recipe '{recipe.name}': engine.llamacpp.extra_args sets {', '.join(owned)}: the API key is "
+                        "the deploy's (serving.auth's key file, checked by the front door)",
+                        "remove it from engine.llamacpp.extra_args")
+    if clashes:
+        raise UserError(f"recipe '{recipe.name}': engine.llamacpp.extra_args sets {', '.join(clashes)}: "
+                        "llama-server would get one option twice and keep the last",
+                        "set it in its own recipe field (engine.llamacpp.threads, serving.max_model_len, "
+                        "model.aliases, ...) or once in extra_args")
 
 
 def unknown_flags(args: list[str]) -> list[str]:

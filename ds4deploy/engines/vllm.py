@@ -69,8 +69,18 @@ def json_arg(name: str, value: str) -> str:
     Raises:
         UserError: `value` is not valid JSON; names the argument and the parser's line, column and character.
     """
+    def once(pairs: list[tuple[str, Any]]) -> dict:
+        # json.loads keeps the last of a key written twice without a word: the engine would get one of two values.
+        keys = [k for k, _ in pairs]
+        twice = sorted({k for k in keys if keys.count(k) > 1})
+        if twice:
+            raise UserError(f"serving.extra_args.{name}: key {', '.join(map(repr, twice))} written twice in one "
+                            "object (the engine would keep the last value without a word)",
+                            f"keep one of them in the JSON of {name}")
+        return dict(pairs)
+
     try:
-        parsed = json.loads(value)
+        parsed = json.loads(value, object_pairs_hook=once)
     except json.JSONDecodeError as exc:
         raise UserError(
             f"serving.extra_args.{name}: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}, "

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -25,27 +26,95 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.model.manifest import check_manifest, manifest_of_files, manifest_path, split_gguf_problems
 from ds4deploy.recipe.schema import Recipe
 
+# How many names a message lists before "and N more": enough to recognise a folder, short enough for one line.
+SHOWN = 5
+
 
 def local_files(src: Path) -> tuple[Path, list[str]]:
     """The model files a local source names: ``(directory, names relative to it)``.
 
     A file names itself (its directory, ``[its name]``); a directory names every regular file below it whose path
-    has no hidden component (``.cache``, a staging directory, ``.git``).
+    has no hidden component (``.cache``, a staging directory, ``.git``). Every one must resolve inside that directory:
+    a symbolic link out of it (``parts/model.gguf -> /etc/passwd``) would have a file that is not the user's model
+    hashed into the committed manifest and copied to the nodes.
 
     Raises:
-        UserError: `src` does not exist, or is a directory with no files.
+        UserError: `src` does not exist, is a directory with no files, or holds (or is) a symbolic link that
+            resolves outside the directory.
     """
     src = Path(os.path.abspath(src))
     if src.is_file():
-        return src.parent, [src.name]
-    if not src.is_dir():
+        root, entries = src.parent, [src]
+    elif not src.is_dir():
         raise UserError(f"model source {src} does not exist on this host",
                         "pass the GGUF file (or the directory of its parts) as it is on this host")
-    names = sorted(str(p.relative_to(src)) for p in src.rglob("*")
-                   if p.is_file() and not any(part.startswith(".") for part in p.relative_to(src).parts))
+    else:
+        root = src
+        entries = sorted(p for p in src.rglob("*")
+                         if not any(part.startswith(".") for part in p.relative_to(src).parts))
+    # os.path.realpath, not Path.resolve: it does not raise on a loop of links (Python 3.11 raises RuntimeError).
+    real_root = Path(os.path.realpath(root))
+    outside = [p for p in entries if p.is_symlink() and not Path(os.path.realpath(p)).is_relative_to(real_root)]
+    if outside:
+        links = ", ".join(f"{p.relative_to(root)} -> {os.path.realpath(p)}" for p in outside[:SHOWN])
+        more = f" and {len(outside) - SHOWN} more" if len(outside) > SHOWN else ""
+        raise UserError(f"model source {src}: {links}{more}: a symbolic link out of {root}; the manifest would "
+                        "record (and the deploy copy) a file from elsewhere on this host; nothing was written",
+                        "pass a folder that holds the model's files themselves: copy them into one with "
+                        "`cp -rL <folder> <new folder>` (-L copies what each link points to) and lock that")
+    names = sorted(str(p.relative_to(root)) for p in entries if p.is_file())
     if not names:
         raise UserError(f"model source {src} holds no files", "pass the directory that holds the model's files")
-    return src, names
+    return root, names
+
+
+def check_model_file(recipe: Recipe, root: Path, names: list[str]) -> None:
+    """The file the engine loads (``model.file``, `ds4deploy.recipe.schema.Model`) is one of the local model's
+    `names`: a manifest without it checks nothing the engine reads, and the deploy would copy a model the engine
+    cannot open. Recipes without ``model.file`` (the engine gets the directory) pass.
+
+    Raises:
+        UserError: naming the file, the source and the files it holds.
+    """
+    file = recipe.model.file
+    if file is None or file in names:
+        return
+    have = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+    raise UserError(f"recipe '{recipe.name}' has the engine load model.file {file} ({recipe.model.path}/{file}), but "
+                    f"model source {root} holds no {file} (its files: {have}); the manifest would not record the file "
+                    "the engine loads; nothing was written",
+                    f"pass the folder (or the file) that holds {file}, or set model.file in the recipe to the name of "
+                    "the model's file")
+
+
+def occupied_by(path: Path) -> str | None:
+    """What stands where a file is to be written, when it is not a regular file (or a link to one) that a rename can
+    replace: ``"a directory"``, ``"a broken symbolic link"``, ``"not a regular file"``; None when the way is free."""
+    if not os.path.lexists(path) or path.is_file():
+        return None
+    if path.is_dir():
+        return "a directory"
+    return "a broken symbolic link" if path.is_symlink() else "not a regular file"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file of a unique name beside it, renamed over `path` (never
+    half-written; the temporary file is removed whatever fails). The file gets the mode a plain ``open()`` gives
+    (0o666 less the umask, as before), not mkstemp's 0o600.
+
+    Raises:
+        OSError: the directory is not writable, `path` is a directory, the disk is full.
+    """
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def local_manifest(recipe: Recipe, src: Path, progress: bool | None = None) -> dict:
@@ -53,7 +122,8 @@ def local_manifest(recipe: Recipe, src: Path, progress: bool | None = None) -> d
     parallel (`ds4deploy.model.verify.default_workers` threads) with a byte progress bar on stderr.
 
     Raises:
-        UserError: see `local_files`; a file that cannot be read.
+        UserError: see `local_files`; a split GGUF with a part missing or misnamed; the recipe's ``model.file`` not
+            among the files (`check_model_file`); a file that cannot be read.
     """
     from ds4deploy.model.verify import byte_progress, default_workers, hash_path
 
@@ -61,7 +131,9 @@ def local_manifest(recipe: Recipe, src: Path, progress: bool | None = None) -> d
     split = split_gguf_problems(names)
     if split:  # before hours of hashing
         raise UserError(f"model source {root}: " + "; ".join(split), "pass the directory that holds every part of "
-                        "the split GGUF (all <stem>-NNNNN-of-MMMMM.gguf files of one download)")
+                        "the split GGUF (all <stem>-NNNNN-of-MMMMM.gguf files of one download), each named in lower "
+                        "case as gguf-split writes them (rename a part ending in .GGUF to .gguf)")
+    check_model_file(recipe, root, names)
     sizes = {n: (root / n).stat().st_size for n in names}
     with byte_progress(f"hashing {root.name}", progress) as (on_total, on_bytes):
         on_total(sum(sizes.values()))
@@ -138,15 +210,26 @@ def write_manifest(recipe: Recipe, manifest: dict) -> Path:
     """
     path = manifest_path(recipe)
     check_manifest(manifest, path.name)
-    tmp = path.with_name(f".{path.name}.tmp")
+    _check_way(recipe, path)
     try:
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(manifest, indent=2) + "\n")
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
         raise UserError(f"could not write {path}: {exc.strerror or exc}",
                         f"make {path.parent} writable and run again") from None
     return path
+
+
+def _check_way(recipe: Recipe, path: Path) -> None:
+    """Refuse to lock when something that is not a manifest file stands at `path` (`occupied_by`).
+
+    Raises:
+        UserError: naming what is there.
+    """
+    what = occupied_by(path)
+    if what is not None:
+        raise UserError(f"{path} is {what}, where the manifest of '{recipe.base_name}' is written; nothing was written",
+                        f"move it out of the way (it is no manifest), then run `ds4deploy model lock "
+                        f"{recipe.base_name}` again")
 
 
 def lock_model(recipe: Recipe, src: Path | None = None, progress: bool | None = None,
@@ -163,6 +246,7 @@ def lock_model(recipe: Recipe, src: Path | None = None, progress: bool | None = 
     from ds4deploy.model.manifest import load_manifest
 
     path = manifest_path(recipe)
+    _check_way(recipe, path)  # before hours of hashing
     built = build_manifest(recipe, src, progress, chat_template)
     if path.is_file():
         committed = load_manifest(recipe)

@@ -78,19 +78,32 @@ FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
 
 # A GGUF split in parts by llama.cpp's gguf-split (`ds4deploy.engines.llamacpp.SPLIT_RE`): the engine is given
-# part 1 and opens the others itself, so every part 1..count must be there and no other.
+# part 1 and opens the others itself, so every part 1..count must be there and no other. When split.count > 1 the
+# engine derives every part's name from part 1's with the lower-case "-%05d-of-%05d.gguf" and compares byte for byte
+# (llama.cpp src/llama.cpp llama_split_path / llama_split_prefix; src/llama-model-loader.cpp llama_get_list_splits
+# stops with "invalid split file name" otherwise), so a part is recognised here in any case (M-00001-of-00003.GGUF
+# is a part too, and its missing siblings are named) and one not named exactly as gguf-split names it is refused.
+_SPLIT_ANY_CASE = re.compile(SPLIT_RE.pattern, re.IGNORECASE)
 
 
 def split_gguf_problems(names: list[str]) -> list[str]:
     """What is wrong with the split GGUF parts among `names` (file paths), one line each: a part missing, a part
-    numbered past its count or 0, parts of one model that disagree on the count. Empty when every split model has
-    all its parts (or there is none)."""
+    numbered past its count or 0, parts of one model that disagree on the count, a part whose ``-of-`` or ``.gguf``
+    is not in lower case (found in any case, so its missing siblings are named too). Empty when every split model
+    has all its parts (or there is none)."""
     groups: dict[str, dict[int, set[int]]] = {}
+    miscased: dict[str, list[str]] = {}
     for name in names:
-        m = SPLIT_RE.match(name)
+        m = _SPLIT_ANY_CASE.match(name)
         if m:
             groups.setdefault(m["stem"], {}).setdefault(int(m["count"]), set()).add(int(m["no"]))
+            if not SPLIT_RE.match(name) and int(m["count"]) > 1:  # a 1-part "split" is loaded as one file
+                miscased.setdefault(m["stem"], []).append(PurePosixPath(name).name)
     out = []
+    for stem, wrong in sorted(miscased.items()):
+        out.append(f"split GGUF {stem}: part(s) " + ", ".join(sorted(wrong)) + " are not named as gguf-split names "
+                   "parts (<stem>-NNNNN-of-MMMMM.gguf, in lower case); the engine derives each part's name from part "
+                   "1's in lower case and stops with 'invalid split file name'")
     for stem, by_count in sorted(groups.items()):
         if len(by_count) > 1:
             out.append(f"split GGUF {stem}: its parts disagree on the count (" + ", ".join(
@@ -133,7 +146,8 @@ def check_manifest(manifest: dict, where: str = "the manifest") -> None:
     split = split_gguf_problems(list(files))
     if split:
         raise UserError(f"{where}: " + "; ".join(split), "lock the model with every part of the split GGUF "
-                        "(all <stem>-NNNNN-of-MMMMM.gguf files of one download, in one directory)")
+                        "(all <stem>-NNNNN-of-MMMMM.gguf files of one download, named in lower case as gguf-split "
+                        "writes them, in one directory)")
 
 
 def verify_dir(model_dir: Path, manifest: dict) -> list[str]:

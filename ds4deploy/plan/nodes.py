@@ -24,6 +24,7 @@ recipe's per node); and DS4_NCCL_IB_GID_INDEX, resolved on the node). Why each c
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -172,6 +173,11 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
                             "list each node once, with its own ansible_host")
         machines.setdefault(machine, name)
         bind = hv.get("ds4_cpu_bind")
+        if bind is not None and (isinstance(bind, bool) or not CPU_BIND_RE.fullmatch(str(bind))):
+            # It becomes one line of the stack's .env (DS4_CPU_BIND=...): a newline there would add a variable.
+            raise UserError(f"inventory host {name} has ds4_cpu_bind {str(bind)!r}, which is not a CPU list",
+                            "set it as vLLM's VLLM_CPU_OMP_THREADS_BIND takes it: auto, all, nobind, or core ids and "
+                            "ranges (0-31, 0,2,4; '|' between tensor-parallel ranks: 0-31|32-63)")
         fabric = node_fabric.launch_env(recipe, node_fabric.node_rails(recipe, name, hv, checked=True))
         nodes_by_rank[r] = (name, ip, machine, None if bind is None else str(bind), fabric)
     master = nodes_by_rank[0][1]
@@ -179,6 +185,12 @@ def plan(recipe: Recipe, hosts: dict[str, dict]) -> list[Node]:
                  "compose.head.yaml" if r == 0 else "compose.worker.yaml", machine, bind,
                  fabric.get("DS4_NCCL_IB_HCA"), fabric.get("DS4_SOCKET_IFNAME"))
             for r, (name, ip, machine, bind, fabric) in sorted(nodes_by_rank.items())]
+
+
+# vLLM's VLLM_CPU_OMP_THREADS_BIND (vLLM docs, CPU installation, "Related runtime environment variables"): auto,
+# all, nobind, or a CPU id list per tensor-parallel rank (0-31|32-63), ids and ranges separated by ','.
+_CPU_LIST = r"[0-9]{1,5}(-[0-9]{1,5})?(,[0-9]{1,5}(-[0-9]{1,5})?)*"
+CPU_BIND_RE = re.compile(rf"^(auto|all|nobind|{_CPU_LIST}(\|{_CPU_LIST})*)$")
 
 
 def plan_from_inventory(recipe: Recipe, inventory: Path) -> list[Node]:

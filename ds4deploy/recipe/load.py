@@ -25,6 +25,8 @@ from ds4deploy.recipe.schema import (
     NODE_PATH_RE,
     NODE_PATH_RULE,
     VARIANT_SEP,
+    VLLM_FLAG_RE,
+    VLLM_FLAG_RULE,
     Recipe,
 )
 
@@ -69,11 +71,12 @@ def split_variant(name: str) -> tuple[str, str | None]:
     return name, None
 
 
-def load_recipe(name_or_path: str | Path) -> Recipe:
+def load_recipe(name_or_path: str | Path, variant: str | None = None) -> Recipe:
     """Load and validate a recipe (and, for a base recipe, every one of its variants).
 
     Args:
         name_or_path: a name under recipes/ (without .yaml), ``<name>--<variant>``, or a path to a YAML file.
+        variant: the variant of `name_or_path` to load (a path's variant, which ``--`` cannot name).
     Returns:
         The validated `Recipe`.
     Raises:
@@ -82,9 +85,10 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
             its recipe's validation). The message names the file, every bad key path with its value, and what is
             allowed there.
     """
-    name, variant = split_variant(str(name_or_path))
+    name, named = split_variant(str(name_or_path))
+    variant = variant or named
     path = resolve_recipe_path(name)
-    doc = load_strict(path)
+    doc = load_strict(path, recipe=True)
     data = _extended(path, doc.data, ())
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
@@ -109,7 +113,7 @@ def load_recipe(name_or_path: str | Path) -> Recipe:
     return recipe
 
 
-_PATTERN_RULES = {NETDEV_RE: NETDEV_RULE, HCA_RE: HCA_RULE, NODE_PATH_RE: NODE_PATH_RULE}
+_PATTERN_RULES = {NETDEV_RE: NETDEV_RULE, HCA_RE: HCA_RULE, NODE_PATH_RE: NODE_PATH_RULE, VLLM_FLAG_RE: VLLM_FLAG_RULE}
 
 
 def problem_lines(exc: ValidationError, doc: StrictYaml | None) -> list[str]:
@@ -219,7 +223,7 @@ def _extended(path: Path, data: Any, seen: tuple[Path, ...]) -> Any:
     if base_path.resolve() in seen or base_path.resolve() == path.resolve():
         chain = " -> ".join(p.stem for p in (*seen, path, base_path))
         raise UserError(f"{path}: recipes extend each other in a cycle ({chain})", "remove one of the extends:")
-    base = _extended(base_path, load_strict(base_path).data, (*seen, path.resolve()))
+    base = _extended(base_path, load_strict(base_path, recipe=True).data, (*seen, path.resolve()))
     if not isinstance(base, dict):
         raise UserError(f"{base_path}: a recipe must be a YAML mapping", "start from recipes/cpu.yaml")
     base = {k: v for k, v in base.items() if k != "variants"}

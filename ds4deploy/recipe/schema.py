@@ -50,6 +50,9 @@ NODE_PATH_RULE = "an absolute path without white space, control characters, ':',
 def _no_dotdot(v: str) -> str:
     if ".." in v.split("/"):
         raise ValueError(f"{v!r} climbs out with '..': write the path it means without '..'")
+    if "//" in v:
+        # //etc is /etc to the kernel, but not to a check comparing the text with /etc.
+        raise ValueError(f"{v!r} holds '//': write each '/' once")
     return v
 
 
@@ -70,6 +73,16 @@ NETDEV_RULE = ("a network interface name: 1-15 of A-Z a-z 0-9 _ . -, not startin
 HCA_RULE = "an RDMA device name: 1-63 of A-Z a-z 0-9 _ . - (no space, no shell metacharacter, no ',' ':' '^' '=')"
 # Directories a key file must not sit in directly: the role makes the key's directory 0700.
 SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/opt", "/usr", "/tmp", "/srv"})  # noqa: S108
+# Trees no deploy may mount, create, chown or write into (the Filesystem Hierarchy Standard 3.0's programs, libraries,
+# boot files and the kernel's pseudo-filesystems, https://refspecs.linuxfoundation.org/FHS_3.0/fhs/index.html, sections
+# 3.4, 3.5, 3.9, 3.16, 4.4, 4.6, 6.1.5-6): a model directory or a key file there would replace system files.
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr/bin",
+                "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/sbin", "/usr/share")
+
+
+def in_system_tree(path: str) -> str | None:
+    """The system tree `path` (absolute, no '..') lies in or is, else None (`SYSTEM_TREES`)."""
+    return next((t for t in SYSTEM_TREES if path == t or path.startswith(t + "/")), None)
 
 
 class Strict(BaseModel):
@@ -323,6 +336,18 @@ class Engine(Strict):
         description="flags this engine fork accepts that stock vLLM's parser does not",
     )
 
+    @field_validator("env")
+    @classmethod
+    def _no_credential_names(cls, v: dict[str, str]) -> dict[str, str]:
+        # Even empty: compose's `environment` overrides the key file's `env_file`, so VLLM_API_KEY: "" would start
+        # the engine with an empty key (the secret scan passes an empty value, which holds no secret).
+        named = sorted(k for k in v if is_secret_name(k))
+        if named:
+            raise ValueError(f"{', '.join(named)} name a credential: the API key comes from the key file "
+                             "(serving.auth), a hub token from HF_TOKEN on the control host at deploy time; remove "
+                             "them from engine.env")
+        return v
+
     @model_validator(mode="after")
     def _family(self) -> Engine:
         if (self.family == "llamacpp") != (self.flavor == "llamacpp"):
@@ -429,7 +454,8 @@ class Model(Strict):
         with ``..`` (``/var/lib/ds4deploy/models/../../../../etc`` is /etc), is ``/`` or a system directory itself
         would hand that directory to both."""
         parts = v.split("/")
-        if any(p in ("..", ".") for p in parts) or v.rstrip("/") in SYSTEM_DIRS | {""}:
+        if (any(p in ("..", ".") for p in parts) or v.rstrip("/") in SYSTEM_DIRS | {""}
+                or in_system_tree(v.rstrip("/"))):
             raise ValueError(f"model.path {v!r} climbs out with '..', holds '.', or is the root or a system "
                              "directory; the deploy would mount and fill that directory: name the model's own "
                              "directory, e.g. /var/lib/ds4deploy/models/<name>")
@@ -522,6 +548,11 @@ class Auth(Strict):
     def _own_directory(cls, v: str | None) -> str | None:
         if v is None:
             return v
+        if ".." in v.split("/") or "//" in v:
+            raise ValueError(f"key_file {v} holds '..' or '//': write the path it means, each '/' once")
+        if tree := in_system_tree(v):
+            raise ValueError(f"key_file {v} lies in {tree}, a system tree: put it in a directory of its own (e.g. "
+                             "/etc/ds4deploy/secrets/)")
         parent = str(Path(v).parent)
         if parent in SYSTEM_DIRS:
             raise ValueError(f"key_file {v} sits directly in {parent}; put it in a directory of its own "
@@ -714,15 +745,26 @@ class Serving(Strict):
                     "the reference systems, a 223.6 s TTFT of four concurrent 131K-token prompts on the GX10 pair "
                     "(118.7 s for one 256K-token prompt on the V100 system; docs/sources.md#supervisor-progress). "
                     "Raise it for longer prompts on slower hardware.")
-    extra_args: dict[str, str | int | float | bool] = Field(
+    extra_args: dict[Annotated[str, Field(pattern=VLLM_FLAG_RE)], str | int | float | bool] = Field(
         default_factory=dict,
-        description="further engine flags, name without leading dashes -> value (true = bare flag)",
+        description="further engine flags, name as vLLM's --help spells it without the leading dashes (lower case, "
+                    "'-' between words; a JSON flag's key after a '.') -> value (true = bare flag, false = "
+                    "--no-<name>)",
     )
 
     @field_validator("bind_address")
     @classmethod
     def _ip(cls, v: str) -> str:
-        ipaddress.ip_address(v)
+        ip = ipaddress.ip_address(v)
+        # nginx's `listen` takes no zone index ("invalid IPv6 address"), an IPv4-mapped IPv6 address fails its bind()
+        # (EINVAL), and no server listens on a multicast or broadcast address.
+        if "%" in v:
+            raise ValueError("a scoped IPv6 address (with %<zone>) is not one nginx listens on: use the address "
+                             "without the zone, or 0.0.0.0")
+        if ip.version == 6 and ip.ipv4_mapped is not None:
+            raise ValueError(f"an IPv4-mapped IPv6 address: write the IPv4 address {ip.ipv4_mapped}")
+        if ip.is_multicast or v == "255.255.255.255":
+            raise ValueError("a multicast or broadcast address: no server listens there")
         return v
 
     @model_validator(mode="before")
@@ -1249,6 +1291,13 @@ MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 # A person's name in the gateway: it is written into the access log and the rendered people maps, so it is kept to
 # characters that are literal in nginx map values and in JSON.
 PERSON_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
+# A vLLM flag as serving.extra_args names it: the spelling vLLM's --help prints, without the leading "--". vLLM's
+# parser also reads '_' for '-' (FlexibleArgumentParser), so max_model_len would slip past the check of flags the
+# render derives (and then override them); capitals and leading dashes are no flag at all. A JSON flag may take one
+# key in dot notation (--compilation-config.mode, vLLM docs "CLI arguments").
+VLLM_FLAG_RE = r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_]+)*$"
+VLLM_FLAG_RULE = ("a vLLM flag as its --help spells it, without the leading '--': lower case, '-' between words (vLLM "
+                  "reads '_' as '-', so max_model_len would override a flag the render derives)")
 # An HTTP header name (RFC 9110 section 5.1: a token), lower case as nginx's $http_ variables want it.
 HEADER_RE = r"^[a-z0-9][a-z0-9-]{0,63}$"
 # Headers that carry a credential: Authorization and Proxy-Authorization (RFC 9110 sections 11.6.2, 11.7.2), Cookie
@@ -1302,7 +1351,7 @@ class GatewayBackend(Strict):
     def _url(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        m = BACKEND_URL_RE.match(v)
+        m = BACKEND_URL_RE.fullmatch(v)
         if not m:
             raise ValueError("not http://<host>:<port> (no path, no user, an IPv6 address in brackets)")
         host = m["host"].strip("[]")

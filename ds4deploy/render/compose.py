@@ -503,6 +503,13 @@ def write_all(renders: list[Rendered], root: Path | None = None, env: dict[str, 
     import tempfile
 
     root = root or COMPOSE_DIR
+    once: dict[str, Rendered] = {}
+    for r in renders:  # one recipe named twice (by name and by path): rendered once, when the renders agree
+        if r.recipe in once and once[r.recipe].files != r.files:
+            raise UserError(f"two different recipes are both named '{r.recipe}'", "render one of them (rename the "
+                            "other: its file name and name:)")
+        once.setdefault(r.recipe, r)
+    renders = list(once.values())
     taken = [root / r.recipe for r in renders if (root / r.recipe).exists() and not (root / r.recipe).is_dir()]
     if taken:
         raise UserError(f"{', '.join(map(str, taken))} is not a directory: a render goes there",

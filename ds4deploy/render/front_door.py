@@ -96,6 +96,10 @@ def listen(recipe: Recipe) -> str:
 
     if recipe.serving.network_mode == "bridge":
         return str(recipe.serving.port)
+    if recipe.serving.bind_address == "::":
+        # nginx's [::] socket is IPv6 only by default (ipv6only=on, nginx docs: ngx_http_core_module `listen`):
+        # the healthcheck's 127.0.0.1 and every IPv4 client would be refused. "::" means every address, both.
+        return f"[::]:{recipe.serving.port} ipv6only=off"
     return f"{url_host(recipe.serving.bind_address)}:{recipe.serving.port}"
 
 

@@ -85,7 +85,7 @@ def load_gateway(name_or_path: str | Path) -> GatewayRecipe:
     if not path.is_file():
         known = ", ".join(gateway_names()) or "(none)"
         raise UserError(f"no gateway recipe {path}", f"use one of: {known}, or a path to a gateway recipe file")
-    doc = load_strict(path)
+    doc = load_strict(path, recipe=True)
     if not isinstance(doc.data, dict):
         raise UserError(f"{path}: a gateway recipe must be a YAML mapping", "start from recipes/gateways/office.yaml")
     if "kind" not in doc.data and "schema_version" in doc.data:

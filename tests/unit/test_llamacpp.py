@@ -50,7 +50,7 @@ def test_context_is_per_slot_times_slots():
 
 def test_registry_knows_server_flags_and_not_removed_ones():
     flags = known_flags()
-    assert flags["-ngl"]["value"] and flags["--jinja"] == {"value": False, "negation": False}
+    assert flags["-ngl"]["value"] and flags["--jinja"] == {"value": False, "negation": False, "option": "--jinja"}
     assert flags["--no-jinja"]["negation"]
     # gone at the pinned commit (--load-mode replaced them): the registry must not invent them
     assert "--mlock" not in flags and "--no-mmap" not in flags
@@ -299,7 +299,9 @@ def test_every_llamacpp_argv_serves_metrics_and_no_recipe_can_turn_it_off():
         assert "--metrics" in server_args(r), r.name
         assert "--metrics" in json.loads((REPO / "compose" / r.name / "engine-args.json").read_text()), r.name
     assert known_flags()["--metrics"]["negation"] is False and "--no-metrics" not in known_flags()
-    off = _with("cpu-llamacpp", **{"engine.llamacpp.extra_args": {"metrics": False}})
-    assert "--metrics" in server_args(off)
+    # metrics: false was dropped silently (the argv kept --metrics); now it is refused, as every switch without a
+    # negated form is.
+    with pytest.raises(UserError, match="--metrics has no negated form"):
+        server_args(_with("cpu-llamacpp", **{"engine.llamacpp.extra_args": {"metrics": False}}))
     with pytest.raises(UserError, match="no flag --no-metrics"):
         server_args(_with("cpu-llamacpp", **{"engine.llamacpp.extra_args": {"no-metrics": True}}))
