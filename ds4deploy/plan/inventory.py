@@ -27,6 +27,10 @@ from typing import Any
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.yamlio import load_strict
 
+# Seconds `ansible-inventory --list` may take: a static inventory of hundreds of hosts reads in a few seconds; a
+# dynamic one (a script, a cloud plugin) that has not answered in five minutes is stuck.
+INVENTORY_TIMEOUT_S = 300
+
 
 @dataclass(frozen=True)
 class Inventory:
@@ -172,8 +176,17 @@ def read_inventory(path: Path | str) -> Inventory:
         if clashes:
             raise UserError(f"{path}: a host is defined twice with different values:\n  " + "\n  ".join(clashes),
                             "define each host once (one group for its variables; other groups list it without vars)")
-    p = subprocess.run([_tool("ansible-inventory"), "-i", str(path), "--list"], capture_output=True, text=True,
-                       env=_env(), timeout=300, check=False)
+    if not path.is_file() and not path.is_dir():
+        raise UserError(f"inventory {path} is neither a file nor a folder (a pipe or a device would be read forever)",
+                        "pass an Ansible inventory file or folder")
+    try:
+        p = subprocess.run([_tool("ansible-inventory"), "-i", str(path), "--list"], capture_output=True, text=True,
+                           env=_env(), timeout=INVENTORY_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"ansible-inventory did not read {path} within {INVENTORY_TIMEOUT_S} s (an inventory script "
+                        "that hangs, or a dynamic source that does not answer)",
+                        "run `ansible-inventory -i <it> --list` to see where it stops, or pass a static inventory"
+                        ) from None
     if p.returncode != 0:
         msg = " ".join(line.strip() for line in (p.stderr or p.stdout).splitlines() if line.strip())
         raise UserError(f"Ansible cannot read the inventory {path}: {msg[-800:]}",

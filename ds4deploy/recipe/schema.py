@@ -180,6 +180,9 @@ class Hardware(Strict):
         return self
 
 
+_ID = r"([0-9]{1,10}|[a-z_][a-z0-9_-]{0,31})"
+
+
 class ImageSpec(Strict):
     """The engine container image: built from images/<arch>/Dockerfile as `repository:<derived tag>`.
 
@@ -211,7 +214,10 @@ class ImageSpec(Strict):
         description="further Docker build args, NAME: value; the engine pin's own (version_arg, TORCH_CUDA_ARCH_LIST) "
                     "are derived and refused here when they differ",
     )
-    user: str = Field(default="0:0", description="uid:gid the engine runs as inside the container")
+    # A uid or a user name (useradd's default NAME_REGEX, 32 characters), then optionally ':' and a gid or group.
+    user: str = Field(default="0:0", pattern=rf"^{_ID}(:{_ID})?$",
+                      description="uid:gid (or user[:group] names) the engine runs as inside the container (Docker "
+                                  "--user)")
 
 
 class CudaToolkit(Strict):
@@ -290,7 +296,10 @@ class Engine(Strict):
     build, llama.cpp); `capabilities` lists features only some builds have (e.g. ``nvfp4_ds_mla``).
     """
 
-    name: str = Field(description="the engine build's name, the first part of the derived image tag (e.g. vllm-cpu)")
+    # The derived tag starts with it, and a Docker tag is [A-Za-z0-9_.-], 128 characters at most (docker docs,
+    # "docker image tag"): the name keeps to that alphabet and leaves room for the version and the hash.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$",
+                      description="the engine build's name, the first part of the derived image tag (e.g. vllm-cpu)")
     family: Literal["vllm", "llamacpp"] = Field(
         default="vllm", description="the serving engine: vllm, or llamacpp (llama-server; settings in llamacpp)")
     llamacpp: LlamaCpp | None = Field(
@@ -856,11 +865,14 @@ class Container(Strict):
                     "replicas sharing GPUs) are rendered with 'no' and started in order by the supervisor",
     )
     log_max_size: str = Field(
-        default="50m",
-        description="size of one engine log file before rotation (json-file driver max-size, e.g. 50m)",
+        default="50m", pattern=r"^[1-9][0-9]{0,5}[kmg]?$",
+        description="size of one engine log file before rotation (json-file driver max-size: a number with an "
+                    "optional unit k, m or g, e.g. 50m)",
     )
+    # json-file's max-file is parsed as an int (Docker's daemon/logger/jsonfilelog); 100 files of the largest size
+    # are far more evidence than one incident folder can hold.
     log_max_files: int = Field(
-        default=5, ge=1,
+        default=5, ge=1, le=100,
         description="rotated log files kept per container (json-file driver max-file); the incident evidence keeps at "
                     "most log_max_size x log_max_files per container",
     )

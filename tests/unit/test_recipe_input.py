@@ -106,6 +106,11 @@ CASES = {
                                                "cpu-llamacpp", "--no-jinja (the render sets --jinja)"),
     "llama.cpp false without negation": ("engine:\n  llamacpp:\n    extra_args:\n      metrics: false",
                                          "cpu-llamacpp", "has no negated form"),
+    # Values Docker refuses at create or start, after the deploy changed the host.
+    "engine name not a tag": ('engine:\n  name: "vLLM CPU/x"', "cpu", "engine.name"),
+    "log size in words": ('container:\n  log_max_size: "fifty megs"', "cpu", "container.log_max_size"),
+    "log files beyond an int": ("container:\n  log_max_files: 99999999999999999999", "cpu", "must be <= 100"),
+    "user with a command": ('engine:\n  image:\n    user: "nobody; id"', "cpu", "engine.image.user"),
 }
 
 
@@ -172,3 +177,10 @@ def test_every_spelling_of_a_wildcard_ipv6_listen_reaches_ipv4_too() -> None:
     host = r.model_copy(update={"serving": r.serving.model_copy(update={"bind_address": "::",
                                                                         "network_mode": "host"})})
     assert front_door.listen(host) == f"[::]:{r.serving.port} ipv6only=off"
+
+
+def test_an_inventory_that_is_a_pipe_is_refused_not_read_forever(tmp_path: Path) -> None:
+    fifo = tmp_path / "inv.yml"
+    os.mkfifo(fifo)
+    p = _run(tmp_path, "vars", "cpu", "--inventory", str(fifo), env={"DS4_COMPOSE_DIR": str(REPO_ROOT / "compose")})
+    _refused(p, tmp_path, "is neither a file nor a folder")
