@@ -409,9 +409,9 @@ def cmd_estimate(ns: argparse.Namespace) -> int:
             calibrate.write_calibration(path, cls, fitted, Path(ns.calibrate))
             print(f"wrote {path}; commit it")
         return 0
-    if ns.sessions < 1 or ns.prompt < 1 or (ns.output is not None and ns.output < 1):
-        raise UserError("--sessions, --prompt and --output must be at least 1", "pass positive numbers")
+    # Every option is checked against its bound before anything is printed (`est.check_workload`).
     cap = est.capacity(recipe, ns.context)
+    est.check_workload(cap, ns.prompt, ns.sessions, ns.output, ns.acceptance)
     print("\n".join(est.capacity_lines(cap)))
     if cap.kv.need is not None and cap.kv.available is not None and cap.kv.need > cap.kv.available:
         print(f"does not fit: one {cap.context:,}-token request needs more KV than the engine can allocate; the engine "

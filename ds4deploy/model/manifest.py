@@ -73,6 +73,10 @@ def load_manifest(recipe: Recipe) -> dict:
     return manifest
 
 
+# The largest file size a manifest records, in bytes: 2**53 - 1, the largest integer RFC 8259 (section 6) says JSON
+# readers agree on (IEEE 754 doubles hold every integer up to it exactly); 8 PiB, past any model file.
+MAX_FILE_BYTES = 2**53 - 1
+
 _HEX = {"sha256": re.compile(r"^[0-9a-f]{64}$"), "git_sha1": re.compile(r"^[0-9a-f]{40}$")}
 FULL_COMMIT = re.compile(r"^[0-9a-f]{40}$")
 
@@ -120,25 +124,34 @@ def split_gguf_problems(names: list[str]) -> list[str]:
 
 
 def check_manifest(manifest: dict, where: str = "the manifest") -> None:
-    """Refuse a manifest that cannot be trusted to name files: every entry needs an integer ``size`` >= 0 and a
-    ``sha256`` (64 hex) or ``git_sha1`` (40 hex), and every name must be a plain relative POSIX path (no ``..``,
-    no absolute path, no backslash), since fetch writes each name under the model directory. A split GGUF must
-    have all its parts (`split_gguf_problems`).
+    """Refuse a manifest that cannot be trusted to name files: a JSON object whose ``files`` maps each name to an
+    object with an integer ``size`` from 0 to `MAX_FILE_BYTES` (not a bool, not a string) and a ``sha256`` (64 hex) or
+    ``git_sha1`` (40 hex), and every name must be a plain relative POSIX path (no ``..``, no absolute path, no
+    backslash), since fetch writes each name under the model directory. A split GGUF must have all its parts
+    (`split_gguf_problems`). Every reader of a manifest goes through here (`load_manifest`), the estimator too.
 
     Raises:
         UserError: naming the first bad entry.
     """
-    files = manifest.get("files") if isinstance(manifest, dict) else None
+    rebuild = "rebuild it: delete it and run `ds4deploy model lock <recipe>`"
+    if not isinstance(manifest, dict):
+        raise UserError(f"{where} is not a JSON object ({{\"recipe\", \"source\", \"files\"}}) but a "
+                        f"{type(manifest).__name__}", rebuild)
+    files = manifest.get("files")
     if not isinstance(files, dict) or not files:
-        raise UserError(f"{where} lists no files", "rebuild it: delete it and run `ds4deploy model lock <recipe>`")
+        raise UserError(f"{where} lists no files", rebuild)
     for name, entry in files.items():
         parts = PurePosixPath(name).parts
         if (not name or name.startswith("/") or "\\" in name or any(p in ("..", ".") for p in parts)
                 or name != str(PurePosixPath(name))):
             raise UserError(f"{where} names an unsafe path {name!r}",
                             "file names must be relative paths inside the model directory")
-        if not isinstance(entry, dict) or not isinstance(entry.get("size"), int) or entry["size"] < 0:
-            raise UserError(f"{where}: {name} has no integer size", "rebuild the manifest")
+        if not isinstance(entry, dict):
+            raise UserError(f"{where}: {name} is {entry!r:.60}, not an object with size and sha256", rebuild)
+        size = entry.get("size")
+        if type(size) is not int or not 0 <= size <= MAX_FILE_BYTES:
+            raise UserError(f"{where}: {name} has size {size!r:.60}, not an integer number of bytes from 0 to "
+                            f"{MAX_FILE_BYTES:,} (2**53 - 1, the largest integer JSON readers agree on)", rebuild)
         kinds = [k for k in ("sha256", "git_sha1") if entry.get(k)]
         if not kinds or not _HEX[kinds[0]].match(str(entry[kinds[0]])):
             raise UserError(f"{where}: {name} has no valid sha256 (64 hex) or git_sha1 (40 hex)",

@@ -11,14 +11,17 @@ Units: GB = 10**9 bytes, GiB = 2**30 bytes, tok/s, s.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 import ds4deploy.plan.estimate.constants as C
 import ds4deploy.plan.estimate.model as M
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.yamlio import load_json
 from ds4deploy.recipe import paths as recipe_paths
+from ds4deploy.recipe.load import problem_lines
 from ds4deploy.recipe.schema import Recipe
 
 GIB = M.GIB
@@ -50,6 +53,41 @@ def calibration_path(recipe: Recipe) -> Path:
     return recipe_paths.RECIPES_DIR / f"{recipe.base_name}.calibration.json"
 
 
+class CalibrationFile(BaseModel):
+    """recipes/<recipe>.calibration.json as `calibrate.write_calibration` writes it: the hardware class, the bench
+    run it was fitted on and the constants (`constants.Fitted`: finite, > 0 where a step divides by them)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    hardware_class: str
+    run: str
+    constants: C.Fitted
+
+
+def read_calibration(recipe: Recipe, cls: str | None = None) -> CalibrationFile | None:
+    """The recipe's own calibration (`calibration_path`), checked in full, or None when it has none. With `cls`,
+    the class it was fitted for must be the recipe's hardware class.
+
+    Raises:
+        UserError: unreadable, not JSON, not the shape above (naming each bad key), or fitted for another class.
+    """
+    path = calibration_path(recipe)
+    if not path.is_file():
+        return None
+    fix = f"write it again: `ds4deploy estimate {recipe.base_name} --calibrate <run.json> --write`"
+    data = load_json(path, fix)
+    try:
+        own = CalibrationFile.model_validate(data)
+    except ValidationError as exc:
+        lines = problem_lines(exc, None) if isinstance(data, dict) else ["  not a JSON object"]
+        raise UserError(f"{path} is not a calibration ({{\"hardware_class\", \"run\", \"constants\"}}):\n"
+                        + "\n".join(lines), fix) from None
+    if cls is not None and own.hardware_class != cls:
+        raise UserError(f"{path} was fitted for hardware class '{own.hardware_class}', but recipe '{recipe.name}' is "
+                        f"now of class '{cls}'", fix)
+    return own
+
+
 def constants_for(recipe: Recipe) -> tuple[str, dict, str]:
     """(hardware class, calibrated constants, where they come from): the recipe's own calibration file when one is
     committed, else the class's constants.
@@ -58,15 +96,9 @@ def constants_for(recipe: Recipe) -> tuple[str, dict, str]:
         UserError: no class, or a class without fitted constants.
     """
     cls = hw_class(recipe)
-    path = calibration_path(recipe)
-    if path.is_file():
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            return cls, dict(data["constants"]), f"{path.name} (fitted on {data['run']})"
-        except (OSError, ValueError, KeyError) as exc:
-            raise UserError(f"{path} cannot be read as a calibration: {exc}",
-                            f"write it again: `ds4deploy estimate {recipe.base_name} --calibrate <run.json> "
-                            "--write`") from None
+    own = read_calibration(recipe, cls)
+    if own is not None:
+        return cls, own.constants.constants(), f"{calibration_path(recipe).name} (fitted on {own.run})"
     fitted = C.HARDWARE[cls]["fitted"]
     if not fitted:
         raise UserError(f"hardware class '{cls}' has no calibrated constants",
@@ -91,9 +123,64 @@ def capacity(recipe: Recipe, context: int | None = None) -> Capacity:
     Raises:
         UserError: the model config cannot be read, or names an unknown quantisation.
     """
+    check_context(recipe, context)
     card = M.load_card(recipe)
     w = M.weights(recipe, card)
     return Capacity(recipe, card, w, M.kv(recipe, card, w, context), context or recipe.serving.max_model_len)
+
+
+def check_context(recipe: Recipe, context: int | None) -> None:
+    """Refuse a request length the engine would not take: at least 1 token, at most serving.max_model_len (vLLM
+    refuses a longer request; its KV cache is sized for max_model_len).
+
+    Raises:
+        UserError: `context` below 1 or above max_model_len.
+    """
+    top = recipe.serving.max_model_len
+    if context is not None and not 1 <= context <= top:
+        raise UserError(f"--context {context}: a request of recipe '{recipe.name}' holds 1 to {top:,} tokens "
+                        "(serving.max_model_len; the engine refuses longer ones)",
+                        f"pass --context from 1 to {top:,}, or raise serving.max_model_len in the recipe")
+
+
+def default_output(recipe: Recipe) -> int:
+    """Tokens out per request when none are given: benchmark.max_tokens, else 1,024."""
+    return recipe.benchmark.max_tokens if recipe.benchmark and recipe.benchmark.max_tokens else 1024
+
+
+def check_workload(cap: Capacity, prompt: int, sessions: int, output: int | None = None,
+                   acceptance: float | None = None) -> None:
+    """Refuse a workload `speed` cannot answer, before anything runs: counts below 1, a draft acceptance rate that is
+    not a probability, a request (prompt + output) longer than serving.max_model_len (vLLM refuses it), more
+    sessions than `constants.MAX_SESSIONS`, or more simulation than `constants.MAX_SIM_WORK`.
+
+    Raises:
+        UserError: the first of these, naming the option and its bound.
+    """
+    r = cap.recipe
+    if sessions < 1 or prompt < 1 or (output is not None and output < 1):
+        raise UserError(f"--sessions {sessions}, --prompt {prompt}"
+                        + (f", --output {output}" if output is not None else "")
+                        + ": --sessions, --prompt and --output must be at least 1", "pass positive numbers")
+    if acceptance is not None:
+        M.check_acceptance(acceptance)
+    out = output or default_output(r)
+    top = r.serving.max_model_len
+    if prompt + out > top:
+        given = "--output" if output is not None else "benchmark.max_tokens" if r.benchmark and \
+            r.benchmark.max_tokens else "the default output"
+        raise UserError(f"--prompt {prompt:,} + {out:,} output tokens ({given}) is a request of {prompt + out:,} "
+                        f"tokens, longer than recipe '{r.name}' takes (serving.max_model_len {top:,}; vLLM refuses it)",
+                        f"pass --prompt and --output that add up to at most {top:,}")
+    if sessions > C.MAX_SESSIONS:
+        raise UserError(f"--sessions {sessions:,}: more than the {C.MAX_SESSIONS:,} sessions the estimator "
+                        "simulates (constants.MAX_SESSIONS)",
+                        f"pass at most {C.MAX_SESSIONS:,}; sessions past serving.max_num_seqs "
+                        f"({r.serving.max_num_seqs}) only wait in the engine's queue")
+    geo = M.geometry(r, cap.card, cap.weights, out, acceptance)
+    problem = M.workload_problem(geo, prompt, sessions)
+    if problem:
+        raise UserError(problem, "estimate fewer sessions or shorter requests (--sessions, --prompt, --output)")
 
 
 @dataclass(frozen=True)
@@ -120,8 +207,9 @@ def speed(recipe: Recipe, prompt: int, sessions: int, output: int | None = None,
         UserError: as `capacity` and `constants_for`.
     """
     cap = cap or capacity(recipe)
+    check_workload(cap, prompt, sessions, output, acceptance)
     cls, hw, source = constants_for(recipe)
-    out = output or (recipe.benchmark.max_tokens if recipe.benchmark and recipe.benchmark.max_tokens else 1024)
+    out = output or default_output(recipe)
     geo = M.geometry(recipe, cap.card, cap.weights, out, acceptance, accepted)
     bw = hw.get("bw_gbs", C.HARDWARE[cls]["bw_gbs"])
     res = M.simulate(geo, hw, prompt, sessions, bw, hw.get("host_bw_gbs", C.HARDWARE[cls].get("host_bw_gbs")))
@@ -191,7 +279,17 @@ def speed_lines(sp: Speed, source: str) -> list[str]:
 
 def index_cell(recipe: Recipe) -> str:
     """The recipe index's prediction column: single-session decode at a 1,024-token prompt and full-length
-    sessions resident, or what is missing."""
+    sessions resident, or what is missing.
+
+    Raises:
+        UserError: the recipe's committed calibration file is broken (`read_calibration`): an input of the index,
+            refused like a broken manifest, not shown as a missing figure.
+    """
+    try:
+        cls = hw_class(recipe)
+    except UserError:
+        cls = None
+    read_calibration(recipe, cls)
     try:
         cap = capacity(recipe)
     except UserError as exc:
@@ -213,8 +311,9 @@ def index_cell(recipe: Recipe) -> str:
     return f"{decode}; {sessions}"
 
 
-__all__ = ["Capacity", "Speed", "calibration_path", "capacity", "capacity_lines", "constants_for", "hw_class",
-           "index_cell", "speed", "speed_lines"]
+__all__ = ["CalibrationFile", "Capacity", "Speed", "calibration_path", "capacity", "capacity_lines", "check_context",
+           "check_workload", "constants_for", "default_output", "hw_class", "index_cell", "read_calibration", "speed",
+           "speed_lines"]
 
 
 def bench_lines(recipe: Recipe, records: list[dict], meta: dict) -> list[str]:

@@ -11,13 +11,17 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Annotated, Any
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, model_validator
 
 import ds4deploy.plan.estimate.constants as C
 import ds4deploy.plan.estimate.model as M
 from ds4deploy.core.errors import UserError
+from ds4deploy.core.yamlio import load_json
 from ds4deploy.plan.estimate.reference import Cell
+from ds4deploy.recipe.load import problem_lines
 from ds4deploy.recipe.schema import Recipe
 
 # Starting points of the fit (s, s per token, 10**12 FLOP/s, s per token squared, s, drafts, fraction).
@@ -131,42 +135,126 @@ def fit(recipe: Recipe, hw_class: str, cells: Sequence[Cell], params: Sequence[s
 RUN_METRICS = ("ttft_s", "aggregate_tok_s")
 
 
+# A cell id names its file, cells/<id>.json, beside run.json (`ds4deploy.bench.profiles.Cell.cell_id`, e.g.
+# p1024-c4-code): a plain file name, never a path out of cells/.
+CELL_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
+class BenchRun(BaseModel):
+    """What the calibration reads of a bench run's run.json (`ds4deploy.bench.run` writes it; other keys are left
+    alone): the cell ids, and the tokens out per request and requests per session the harness asked for."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    cells: list[Annotated[str, StringConstraints(pattern=CELL_ID)]]
+    max_tokens: int | None = Field(default=None, ge=1)
+    requests_per_session: int | None = Field(default=None, ge=1)
+
+
+class CellSpec(BaseModel):
+    """A cell's workload: prompt tokens and concurrent sessions (`ds4deploy.bench.profiles.Cell`)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+    prompt_tokens: int = Field(ge=1)
+    concurrency: int = Field(ge=1)
+
+
+class BenchCell(BaseModel):
+    """What the calibration reads of one cell record, cells/<id>.json (`ds4deploy.bench.report`): whether the
+    harness kept it (``valid``), its workload and the measured TTFT (s) and aggregate output rate (tok/s), finite
+    numbers >= 0 where given. A cell the harness kept has its ``spec``."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False)
+
+    valid: bool = False
+    spec: CellSpec | None = None
+    ttft_s: float | None = Field(default=None, ge=0)
+    aggregate_tok_s: float | None = Field(default=None, ge=0)
+
+    @model_validator(mode="after")
+    def _kept_cell_has_spec(self) -> BenchCell:
+        if self.valid and self.spec is None:
+            raise ValueError("a valid cell needs its spec (prompt_tokens, concurrency)")
+        return self
+
+
+def _read(model: type[BaseModel], path: Path, what: str, fix: str) -> Any:
+    """`path` read through the bounded JSON reader (`core.yamlio.load_json`: size, depth, syntax) and checked as
+    `model`.
+
+    Raises:
+        UserError: naming the file and each bad key.
+    """
+    data = load_json(path, fix)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        lines = problem_lines(exc, None) if isinstance(data, dict) else ["  not a JSON object"]
+        raise UserError(f"{path} is not {what}:\n" + "\n".join(lines), fix) from None
+
+
 def run_cells(run_json: Path, recipe_name: str) -> list[Cell]:
     """The valid cells of a `ds4deploy bench run` (its run.json and the cells/ beside it) as `Cell`s: TTFT and
     aggregate output rate of each (`RUN_METRICS`). A cell flagged by the harness is left out.
 
     Raises:
-        UserError: the file is not a bench run, or it has no valid cell.
+        UserError: the file is not a bench run (or a cell record is not one), or it has no valid cell.
     """
-    try:
-        run = json.loads(Path(run_json).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"{run_json} cannot be read as a bench run: {exc}",
-                        "pass the run.json that `ds4deploy bench run` wrote "
-                        "(docs/results/bench/<recipe>/<profile>/run.json)") from None
-    if not isinstance(run, dict) or "cells" not in run:
-        raise UserError(f"{run_json} is not a bench run (no 'cells')",
-                        "pass the run.json that `ds4deploy bench run` wrote")
+    fix = "pass the run.json that `ds4deploy bench run` wrote (docs/results/bench/<recipe>/<profile>/run.json)"
+    run = _read(BenchRun, Path(run_json), "a bench run (no 'cells' list of cell ids)", fix)
     out = []
-    for cid in run["cells"]:
+    for cid in run.cells:
         path = Path(run_json).parent / "cells" / f"{cid}.json"
         if not path.is_file():
             continue
-        c = json.loads(path.read_text(encoding="utf-8"))
-        if not c.get("valid"):
+        c = _read(BenchCell, path, "a bench cell record", f"run the profile again (`make bench`); {fix}")
+        if not c.valid:
             continue
-        spec = c["spec"]
-        n = spec["concurrency"]
         for metric in RUN_METRICS:
-            v = c.get(metric)
+            v = getattr(c, metric)
             if v:
-                out.append(Cell("run", recipe_name, spec["prompt_tokens"], n, metric, float(v), None,
-                                source=f"{Path(run_json).name} {cid}", output=int(run.get("max_tokens") or 0) or None,
-                                requests=int(run.get("requests_per_session") or 1)))
+                out.append(Cell("run", recipe_name, c.spec.prompt_tokens, c.spec.concurrency, metric, float(v), None,
+                                source=f"{Path(run_json).name} {cid}", output=run.max_tokens,
+                                requests=run.requests_per_session or 1))
     if not out:
         raise UserError(f"{run_json} has no valid cell to calibrate on",
                         "run the profile again on a quiet host (`make bench`) and calibrate on that run")
     return out
+
+
+def check_cells(recipe: Recipe, cells: Sequence[Cell], run_json: Path) -> None:
+    """Refuse an owner's cells the fit cannot simulate within bounds: each cell's request longer than
+    serving.max_model_len, or past `C.MAX_SESSIONS` / `C.MAX_SIM_WORK` (`model.workload_problem`); and all of them
+    together past `C.MAX_FIT_WORK`, since the fit simulates every cell again at each of its evaluations.
+
+    Raises:
+        UserError: naming the cell and its bound.
+    """
+    card = M.load_card(recipe)
+    w = M.weights(recipe, card)
+    fix = "calibrate on a run of this recipe's own bench profile (`make bench`), whose cells fit the recipe"
+    total, seen = 0, set()
+    for c in cells:
+        wl = workload(c, recipe, {})
+        where = f"{run_json}, cell {c.source.rsplit(' ', 1)[-1]}"
+        if c.prompt + wl["output"] > recipe.serving.max_model_len:
+            raise UserError(f"{where}: {c.prompt:,} prompt + {wl['output']:,} output tokens is longer than "
+                            f"serving.max_model_len ({recipe.serving.max_model_len:,}) of recipe '{recipe.name}'", fix)
+        geo = M.geometry(recipe, card, w, wl["output"], accepted=wl["accepted"])
+        problem = M.workload_problem(geo, c.prompt, c.sessions, wl["requests"])
+        if problem:
+            raise UserError(f"{where}: {problem}", fix)
+        key = (c.prompt, c.sessions)
+        if key not in seen:
+            seen.add(key)
+            total += M.planned_work(geo, c.prompt, c.sessions, wl["requests"])
+    if total > C.MAX_FIT_WORK:
+        raise UserError(f"{run_json}: its cells take {total:,} units of simulation (model.planned_work) once, more "
+                        f"than the {C.MAX_FIT_WORK:,} (constants.MAX_FIT_WORK) a fit runs per evaluation; it "
+                        "simulates them again at each of about 600",
+                        "calibrate on a run with fewer or shorter cells (a profile of short prompts and low "
+                        "concurrency fits the same constants)")
 
 
 def calibrate(recipe: Recipe, hw_class: str, run_json: Path) -> tuple[dict, list[Cell]]:
@@ -174,6 +262,7 @@ def calibrate(recipe: Recipe, hw_class: str, run_json: Path) -> tuple[dict, list
     bench run; returns (constants, the cells used). The context and attention terms are fitted only when the run's
     prompts span a factor of 8 or more."""
     cells = run_cells(run_json, recipe.name)
+    check_cells(recipe, cells, run_json)
     prompts = sorted({c.prompt for c in cells})
     params = ["t_round_s", "t_req_s", "tflops"]
     fixed = {"ctx_s": 0.0, "attn_s": 0.0}
@@ -205,5 +294,11 @@ def calibration_lines(recipe: Recipe, hw_class: str, fitted: dict, cells: Sequen
 def write_calibration(path: Path, hw_class: str, fitted: dict, run_json: Path) -> None:
     """Write an owner's calibration (`ds4deploy.plan.estimate.calibration_path`), used by later estimates of the
     recipe instead of the class constants."""
+    try:
+        C.Fitted.model_validate(fitted)  # what `read_calibration` will accept, checked before it is written
+    except ValidationError as exc:
+        raise UserError(f"the fit on {run_json} gave constants the estimator cannot use:\n"
+                        + "\n".join(problem_lines(exc, None)),
+                        "calibrate on another run of the profile (`make bench`); nothing was written") from None
     data = {"hardware_class": hw_class, "run": str(run_json), "constants": fitted}
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")

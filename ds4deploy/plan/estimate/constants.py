@@ -15,6 +15,8 @@ Units: GB = 10**9 bytes, GiB = 2**30 bytes, GB/s for memory bandwidth, s for tim
 
 from __future__ import annotations
 
+from pydantic import BaseModel, ConfigDict, Field
+
 # --- quantisation: bits per weight, scales included ---------------------------------------------------------------
 # mxfp4: 4-bit E2M1 values plus one 8-bit E8M0 scale per 32 values (OCP Microscaling Formats v1.0, section 5.3) = 4.25.
 # fp8 with 128x128 block scales: 8 bits plus one fp32 scale per 16,384 values (DeepSeek's block FP8,
@@ -141,3 +143,50 @@ HARDWARE: dict[str, dict] = {
         "fitted_on": ["docs/results/bench/cpu/smoke/run.json (TTFT and aggregate of its 8 cells)"],
     },
 }
+
+
+class Fitted(BaseModel):
+    """The calibrated constants of one hardware class, as `HARDWARE[...]["fitted"]` and an owner's calibration file
+    (``recipes/<recipe>.calibration.json``, `ds4deploy.plan.estimate.read_calibration`) hold them: every one a finite
+    number (no string, no bool). Costs and rates every step multiplies or divides by are > 0: at 0 a decode round or a
+    request takes no time and the estimate prints any rate at all. ``ctx_s`` and ``attn_s`` may be 0: the fit leaves
+    them out at 0 when a run's prompts span less than a factor 8 (`calibrate.calibrate`). ``prefill_share`` is a
+    fraction (`calibrate.AT_MOST_ONE`)."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
+
+    t_round_s: float = Field(gt=0)
+    ctx_s: float | None = Field(default=None, ge=0)
+    tflops: float | None = Field(default=None, gt=0)
+    attn_s: float | None = Field(default=None, ge=0)
+    t_req_s: float | None = Field(default=None, gt=0)
+    chat_accepted: float | None = Field(default=None, ge=0)
+    share: float | None = Field(default=None, gt=0)
+    prefill_share: float | None = Field(default=None, gt=0, le=1)
+    bw_gbs: float | None = Field(default=None, gt=0)
+    host_bw_gbs: float | None = Field(default=None, gt=0)
+
+    def constants(self) -> dict:
+        """The constants as the simulation reads them (`model.simulate`): only those given."""
+        return self.model_dump(exclude_none=True)
+
+
+# --- bounds of a workload -----------------------------------------------------------------------------------------
+# The simulation (`model.simulate`) keeps one request per session and steps the engine's scheduler over the first
+# max_num_seqs of them, so its time is engine steps x (requests running + a fixed part). Measured on the 2-core CI
+# machine (Python 3.11, lightly loaded): 2.5 us per step plus 0.16 us per request running, i.e. one step costs as
+# much as STEP_COST_REQUESTS running requests; `model.planned_work` counts a workload in these units (0.15 us each
+# there, 0.5 us while another job holds both cores).
+STEP_COST_REQUESTS = 16
+# One estimate (`ds4deploy estimate`, `speed`): 20,000,000 units, about 3 s there (10 s on a busy machine). The
+# committed recipes' defaults need at most 35,000 (cpu, one session); --sessions 1024 on the cpu recipe (max_num_seqs
+# 4, 2,048 tokens out) 10,500,000.
+MAX_SIM_WORK = 20_000_000
+# Sessions of one estimate or bench cell. Past serving.max_num_seqs sessions only wait in the engine's queue, which a
+# few hundred show as well as millions; 1,024 is 85 x the largest max_num_seqs of a committed recipe (12, the
+# gx10x2 many-users variant) and keeps the simulation's list of requests small (memory grows with the count).
+MAX_SESSIONS = 1024
+# A calibration fit (`calibrate.fit`) simulates every distinct cell of the run again at each evaluation, about 600
+# evaluations (560 for the cpu smoke run): 1,000,000 units per evaluation (0.15 s there, a fit of about 1.5 min) is
+# twice what the largest committed profile needs (context-sweep on gx10x2-ds4-flash-fp8--many-users: 514,000).
+MAX_FIT_WORK = 1_000_000

@@ -26,6 +26,8 @@ stages (one extra stage time to fill the pipe).
 
 from __future__ import annotations
 
+import bisect
+import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,15 +155,30 @@ def quant_bits(name: str, what: str) -> float:
 def checkpoint_bytes(recipe: Recipe) -> tuple[float, str]:
     """Bytes of the checkpoint's weight files: the committed manifest's ``*.safetensors`` / ``*.gguf`` sizes when
     there is one, else ``model.size_on_disk_gb`` (GB = 10**9 bytes). Returns (bytes, where from)."""
-    from ds4deploy.model.manifest import manifest_path
+    from ds4deploy.model.manifest import load_manifest, manifest_path
 
     path = manifest_path(recipe)
     if path.is_file():
-        files = load_json(path, f"restore {path.name} from git, or lock the model again").get("files", {})
-        size = sum(e.get("size", 0) for n, e in files.items() if n.endswith((".safetensors", ".gguf")))
+        # The one reader of a manifest (shape, sizes as bounded integers, safe names): `model.manifest.check_manifest`.
+        files = load_manifest(recipe)["files"]
+        size = sum(e["size"] for n, e in files.items() if n.endswith((".safetensors", ".gguf")))
         if size:
             return float(size), f"{path.name} (weight files)"
-    return recipe.model.size_on_disk_gb * 1e9, "model.size_on_disk_gb"
+    return finite(recipe.model.size_on_disk_gb * 1e9, f"recipe '{recipe.name}': model.size_on_disk_gb "
+                  f"{recipe.model.size_on_disk_gb:g} GB", "write the checkpoint's real size in GB"), \
+        "model.size_on_disk_gb"
+
+
+def finite(value: float, what: str, fix: str) -> float:
+    """`value` when it is a finite number; the estimator never divides or steps on an infinity or a NaN that its
+    arithmetic made of a recipe's numbers (a size or a memory so large that bytes overflow a float).
+
+    Raises:
+        UserError: naming `what` the value came from, with `fix`.
+    """
+    if not math.isfinite(value):
+        raise UserError(f"{what} gives {value} bytes or tokens: the estimator cannot count with it", fix)
+    return value
 
 
 @dataclass(frozen=True)
@@ -202,6 +219,9 @@ def gpu_layer_fraction(recipe: Recipe, card: Card) -> float:
     layers = int(card.config.get("num_hidden_layers") or 0)
     if ngl is None or not layers:
         return 1.0
+    if isinstance(ngl, bool) or not isinstance(ngl, int | str) or not str(ngl).lstrip("-").isdigit():
+        raise UserError(f"recipe '{recipe.name}': serving.extra_args.n-gpu-layers = {ngl!r} is not a layer count",
+                        "write the number of layers llama.cpp keeps on the GPUs (e.g. 999 for all)")
     return max(0.0, min(1.0, int(ngl) / layers))
 
 
@@ -373,17 +393,38 @@ def kv_available(recipe: Recipe, w: Weights) -> tuple[float | None, str]:
     """Bytes per GPU the engine can give the KV cache, and how that was found."""
     fixed = recipe.serving.extra_args.get("kv-cache-memory-bytes")
     if fixed is not None:
-        return float(fixed), "fixed: serving.extra_args.kv-cache-memory-bytes"
+        return _bytes_setting(fixed, 1, f"recipe '{recipe.name}': serving.extra_args.kv-cache-memory-bytes"), \
+            "fixed: serving.extra_args.kv-cache-memory-bytes"
     if recipe.engine.image.arch == "cpu":
-        gib = float(recipe.engine.env.get("VLLM_CPU_KVCACHE_SPACE", C.CPU_KVCACHE_SPACE_DEFAULT_GIB))
-        return gib * GIB, "fixed: engine.env VLLM_CPU_KVCACHE_SPACE (vLLM CPU backend)"
+        space = recipe.engine.env.get("VLLM_CPU_KVCACHE_SPACE", C.CPU_KVCACHE_SPACE_DEFAULT_GIB)
+        return _bytes_setting(space, GIB, f"recipe '{recipe.name}': engine.env.VLLM_CPU_KVCACHE_SPACE (GiB)"), \
+            "fixed: engine.env VLLM_CPU_KVCACHE_SPACE (vLLM CPU backend)"
     g = recipe.hardware.gpus
     if g.memory_gib is None or recipe.memory is None:
         return None, "hardware.gpus.memory_gib and memory.overhead_gib_per_gpu (activation peak, graphs) are not set"
     util = recipe.serving.gpu_memory_utilization
-    avail = util * g.memory_gib * GIB - w.gpu - recipe.memory.overhead_gib_per_gpu * GIB
+    avail = finite(util * g.memory_gib * GIB - w.gpu - recipe.memory.overhead_gib_per_gpu * GIB,
+                   f"recipe '{recipe.name}': hardware.gpus.memory_gib {g.memory_gib:g} GiB and "
+                   f"memory.overhead_gib_per_gpu {recipe.memory.overhead_gib_per_gpu:g} GiB",
+                   "write the GPU's usable memory in GiB as nvidia-smi reports it")
     return avail, (f"gpu_memory_utilization {recipe.serving.gpu_memory_utilization} x {g.memory_gib} GiB - weights - "
                    f"overhead {recipe.memory.overhead_gib_per_gpu} GiB (memory.overhead_gib_per_gpu)")
+
+
+def _bytes_setting(value: object, unit: float, what: str) -> float:
+    """A memory setting the engine reads (a number, or its text in an environment variable) times `unit`, in bytes.
+
+    Raises:
+        UserError: not a number, not finite or not > 0 (the engine would refuse to start).
+    """
+    try:
+        number = float(value) if not isinstance(value, bool) else math.nan
+    except (TypeError, ValueError):
+        number = math.nan
+    if not math.isfinite(number * unit) or number <= 0:
+        raise UserError(f"{what} = {value!r} is not a finite number > 0", "write the size the engine allocates for "
+                        "its KV cache as a plain number")
+    return number * unit
 
 
 def kv(recipe: Recipe, card: Card, w: Weights, context: int | None = None) -> Kv:
@@ -421,11 +462,14 @@ def kv(recipe: Recipe, card: Card, w: Weights, context: int | None = None) -> Kv
         return Kv(None, None, None, avail, None, None, "", abasis,
                   missing=f"no KV accounting for model_type '{card.model_type}' ({card.origin}) and engine "
                           f"{recipe.engine.name} {recipe.engine.version}")
-    need = per_ctx * length + per_flight * min(b, length) + per_fixed
+    need = finite(per_ctx * length + per_flight * min(b, length) + per_fixed,
+                  f"recipe '{recipe.name}': the KV need of one {length:,}-token request ({card.origin})",
+                  "check serving.max_model_len and the model config")
     sessions = pool = None
-    if avail is not None:
-        sessions = max(0, int(avail // need)) if need > 0 else None
-        pool = int(avail / need * length) if need > 0 else None
+    if avail is not None and need > 0:
+        pool_f = finite(avail / need * length, f"recipe '{recipe.name}': KV available {avail:g} B over "
+                        f"{need:g} B per request", "check hardware.gpus.memory_gib and the KV settings")
+        sessions, pool = max(0, int(avail // need)), int(pool_f)
     return Kv(per_ctx, per_flight, need, avail, sessions, pool, basis, abasis)
 
 
@@ -457,9 +501,26 @@ def tokens_per_round(k: int, acceptance: float | None = None, accepted: float | 
     if k == 0:
         return 1.0
     if accepted is not None:
+        if not math.isfinite(accepted) or accepted < 0:
+            raise UserError(f"{accepted} drafts accepted per round is not a count of drafts",
+                            "give a finite number of accepted drafts, 0 or more")
         return 1.0 + min(accepted, k)
     p = C.DEFAULT_ACCEPTANCE_RATE if acceptance is None else acceptance
-    return sum(p**i for i in range(k + 1))
+    check_acceptance(p)
+    # The geometric sum in closed form: no loop over k, which a recipe may set to any count.
+    return float(k + 1) if p == 1 else (1 - p ** (k + 1)) / (1 - p)
+
+
+def check_acceptance(p: float) -> None:
+    """Refuse a draft acceptance rate that is not a probability: each draft is accepted or not, so the rate is a
+    finite number from 0 (none accepted: one token per round) to 1 (all k accepted: k + 1 tokens per round).
+
+    Raises:
+        UserError: NaN, infinite, below 0 or above 1.
+    """
+    if not (math.isfinite(p) and 0 <= p <= 1):
+        raise UserError(f"--acceptance {p}: a draft acceptance rate is a probability per draft token, from 0 to 1",
+                        f"pass a rate from 0 to 1 (leave it out for the default, {C.DEFAULT_ACCEPTANCE_RATE})")
 
 
 def touched(tokens: float, experts: int, active: int) -> float:
@@ -484,6 +545,45 @@ class _Request:
     end: float | None = None
 
 
+def _arrival(r: _Request) -> tuple[float, int]:
+    return r.start, r.session
+
+
+def planned_steps(geo: Geometry, prompt: int, sessions: int, requests: int = 1) -> int:
+    """Engine steps `simulate` takes for this workload, as planned before it runs: the sessions go through the
+    engine max_num_seqs at a time, each wave prefilling its prompts in max_num_batched_tokens chunks and then decoding
+    ``geo.output`` tokens at ``geo.tokens_per_round`` per round. Overlapping waves take fewer."""
+    running = max(1, min(sessions, geo.max_seqs))
+    waves = -(-sessions * requests // running)
+    prefill = -(-prompt * running // max(1, geo.chunk))
+    decode = math.ceil(max(geo.output - 1, 0) / geo.tokens_per_round) + 1
+    return waves * (prefill + decode)
+
+
+def planned_work(geo: Geometry, prompt: int, sessions: int, requests: int = 1) -> int:
+    """The simulation's time for this workload in units of one running request's share of a step: `planned_steps`
+    x (requests the engine runs at once + `C.STEP_COST_REQUESTS`, the fixed part of a step)."""
+    return planned_steps(geo, prompt, sessions, requests) * (min(sessions, geo.max_seqs) + C.STEP_COST_REQUESTS)
+
+
+def workload_problem(geo: Geometry, prompt: int, sessions: int, requests: int = 1) -> str | None:
+    """What makes this workload one the simulation does not run (a count below 1, more sessions than
+    `C.MAX_SESSIONS`, more `planned_work` than `C.MAX_SIM_WORK`), or None."""
+    if min(prompt, sessions, requests, geo.output) < 1:
+        return (f"a workload of {sessions} session(s) x {requests} request(s) of {prompt} prompt and {geo.output} "
+                "output tokens: each count must be at least 1")
+    if sessions > C.MAX_SESSIONS:
+        return f"{sessions:,} sessions are more than the {C.MAX_SESSIONS:,} the estimator simulates"
+    work = planned_work(geo, prompt, sessions, requests)
+    if work > C.MAX_SIM_WORK:
+        return (f"{sessions:,} session(s) x {requests} request(s) of {prompt:,} prompt and {geo.output:,} output "
+                f"tokens take {planned_steps(geo, prompt, sessions, requests):,} engine steps with up to "
+                f"{min(sessions, geo.max_seqs)} request(s) running ({geo.tokens_per_round:.2f} tokens per round): "
+                f"{work:,} units of simulation, more than the {C.MAX_SIM_WORK:,} (constants.MAX_SIM_WORK, a few "
+                "seconds) the estimator runs")
+    return None
+
+
 def simulate(geo: Geometry, hw: dict, prompt: int, sessions: int, bw_gbs: float | None,
              host_bw_gbs: float | None = None, requests: int = 1) -> dict[str, float]:
     """Step the scheduler for `sessions` closed-loop sessions, each sending `requests` requests of `prompt` tokens
@@ -493,20 +593,36 @@ def simulate(geo: Geometry, hw: dict, prompt: int, sessions: int, bw_gbs: float 
     host_bw_gbs override the datasheet bandwidths). Returns, over all requests: mean TTFT (s), mean prefill tok/s
     (prompt / (TTFT - t_req_s)), per-session decode tok/s of the median request (tokens after the first / time
     after the first), aggregate output tok/s (all tokens / time until the last one) and the mean decode round time (s).
+
+    Raises:
+        UserError: a workload `workload_problem` refuses, or constants that make a figure infinite or NaN.
     """
+    problem = workload_problem(geo, prompt, sessions, requests)
+    if problem:
+        raise UserError(problem, "estimate fewer sessions or shorter requests (--sessions, --prompt, --output)")
     t_round, ctx_s = hw["t_round_s"], hw.get("ctx_s", 0.0)
     # Without a calibrated prefill rate (tflops) prompts cost nothing here and TTFT/prefill are not reported.
     c0 = 2 * geo.active_params_gpu / (hw["tflops"] * 1e12) if hw.get("tflops") else 0.0
     attn, t_req, share = hw.get("attn_s", 0.0), hw.get("t_req_s", 0.0), hw.get("share", 1.0)
     pshare = hw.get("prefill_share", 1.0)
+    # Requests in the order the scheduler takes them: by arrival, then by session (`_arrival`); only the first
+    # max_num_seqs are looked at per step, so a step costs what the engine runs, not the whole queue.
     live = [_Request(i, prompt, 0.0, prompt) for i in range(sessions)]
     sent = [1] * sessions
     done: list[_Request] = []
     now, rounds, round_time = 0.0, 0, 0.0
     per_round = 1 + geo.k
-    while live:
+    # Every loop either runs a step (a decode round of at least one request, or a whole chunk of prompts, or the
+    # last chunk of a prompt) or waits for the next one: at most twice that many turns. A loop past this bound has
+    # stopped making progress; it stops rather than running forever.
+    total = sessions * requests
+    bound = 2 * total * (math.ceil(max(geo.output - 1, 0) / geo.tokens_per_round) + 2
+                         + -(-prompt // max(1, geo.chunk))) + 2
+    for _ in range(bound):
+        if not live:
+            break
         # The engine runs at most max_num_seqs requests; the rest wait in arrival order.
-        running = sorted(live, key=lambda r: r.start)[: geo.max_seqs]
+        running = live[: geo.max_seqs]
         dec = [r for r in running if r.left == 0 and r.ready <= now]
         budget = max(0, geo.chunk - len(dec) * per_round)
         pre_cost, chunk_sizes, finished = 0.0, [], []
@@ -533,8 +649,10 @@ def simulate(geo: Geometry, hw: dict, prompt: int, sessions: int, bw_gbs: float 
             mem += geo.experts_host * frac / (host_bw_gbs * 1e9)
         # Roofline: a step waits for its weights or for its arithmetic, whichever is longer.
         step = t_round + max(mem * geo.pp, pre_cost) + ctx_s * sum(r.ctx for r in dec)
-        if not dec and not chunk_sizes:  # nothing to run yet: wait for the next request or pipeline stage
-            now = min(r.start if r.left else r.ready for r in live)
+        if not dec and not chunk_sizes:
+            # Nothing to run yet: wait for the next request or pipeline stage of a request the engine runs (the
+            # queued ones cannot start before one of those ends).
+            now = min(r.start if r.left else r.ready for r in running)
             continue
         now += step
         if dec:
@@ -554,25 +672,33 @@ def simulate(geo: Geometry, hw: dict, prompt: int, sessions: int, bw_gbs: float 
             r.ctx = r.prompt
             if geo.output <= 1:
                 r.end = r.first
-        for r in [r for r in live if r.end is not None]:
+        for r in sorted((r for r in running if r.end is not None), key=lambda r: r.session):
             done.append(r)
-            j = live.index(r)
+            live.remove(r)
             if sent[r.session] < requests:
                 sent[r.session] += 1
-                live[j] = _Request(r.session, prompt, r.end, prompt, sent=r.end)
-            else:
-                live.pop(j)
+                bisect.insort(live, _Request(r.session, prompt, r.end, prompt, sent=r.end), key=_arrival)
+    if live:
+        raise UserError(f"the simulation of {sessions} session(s) x {requests} request(s) of {prompt:,} prompt and "
+                        f"{geo.output:,} output tokens made no progress within {bound:,} engine steps",
+                        "report it with the recipe and the command: the estimator's scheduler model is at fault")
     n = len(done)
     ttft = sum(r.first - r.sent for r in done) / n
     # One session's decode rate is the median request's, as `ds4deploy bench` reports per_session_tok_s.
     decode = statistics.median((geo.output - 1) / max(r.end - r.first + t_req, 1e-9) for r in done)
-    return {
+    out = {
         "ttft_s": ttft,
         "prefill_tok_s": prompt / max(ttft - t_req, 1e-9),
         "per_session_tok_s": decode,
         "aggregate_tok_s": n * geo.output / max(max(r.end for r in done) + t_req, 1e-9),
         "round_s": round_time / rounds if rounds else 0.0,
     }
+    bad = sorted(k for k, v in out.items() if not math.isfinite(v))
+    if bad:
+        raise UserError(f"the constants {sorted(hw)} make {', '.join(bad)} of this workload infinite or NaN",
+                        "calibrate the hardware class again on a bench run: "
+                        "`ds4deploy estimate <recipe> --calibrate <run.json> --write`")
+    return out
 
 
 def geometry(recipe: Recipe, card: Card, w: Weights, output: int, acceptance: float | None = None,
