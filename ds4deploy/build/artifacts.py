@@ -391,7 +391,7 @@ def check_recorded_url(recipe: Recipe, art: Artifact, source: str, given: bool) 
                    f"pass it with --artifact {art.name}=PATH")
         raise UserError(f"{art.name}: the URL from {origin} ({_bare(recorded)}) carries a credential in "
                         f"{', '.join(creds)}; {lock} would record it; nothing was downloaded or written", fix)
-    if not re.match(URL_RE, recorded):
+    if not re.fullmatch(URL_RE, recorded):
         if url_given:
             raise UserError(f"{art.name}: the URL from {origin} ({_bare(recorded)!r}) has white space or '@' after the "
                             f"host, which {lock} cannot record; nothing was downloaded or written",

@@ -26,9 +26,12 @@ import re
 KEY_ALPHABET = "A-Za-z0-9_-"
 # 32 characters of 64 symbols: 192 bits.
 KEY_MIN_CHARS = 32
-# At most: a key is one parameter of the front doors' nginx config (a map line, an `if`), which nginx reads into a
-# 4,096-byte buffer and refuses when longer ("too long parameter": NGX_CONF_BUFFER, src/core/ngx_conf_file.c), with
-# the map's own regex around it; 1,024 characters are 6,144 bits, far beyond any need.
+# nginx reads one configuration parameter into a buffer of this many bytes and refuses a longer one ("too long
+# parameter": NGX_CONF_BUFFER, src/core/ngx_conf_file.c). Every value the renders put into one nginx parameter (a key
+# in a map line, the gateway's fallback pairs) stays clear of it.
+NGINX_CONF_BUFFER = 4096
+# At most: a key is one parameter of the front doors' nginx config (a map line, an `if`) with the map's own regex
+# around it, well inside `NGINX_CONF_BUFFER`; 1,024 characters are 6,144 bits, far beyond any need.
 KEY_MAX_CHARS = 1024
 # A whole key: Python's re and POSIX ERE (grep -E) read it alike. Anchor it (re.fullmatch, grep -x).
 KEY_PATTERN = f"[{KEY_ALPHABET}]{{{KEY_MIN_CHARS},{KEY_MAX_CHARS}}}"

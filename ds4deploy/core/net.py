@@ -11,10 +11,23 @@ _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 HOSTNAME_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
 
 
+def same_host(host: str) -> str:
+    """One spelling per host, for telling whether two spellings name one: an address in its compressed form
+    (fd00:0::1 is fd00::1), localhost as 127.0.0.1, a host name in lower case without its final dot."""
+    if host.lower() == "localhost":
+        return "127.0.0.1"
+    try:
+        return ipaddress.ip_address(host).compressed
+    except ValueError:
+        return host.lower().rstrip(".")
+
+
 def destination_problem(host: str) -> str | None:
     """Why `host` cannot be where a connection goes (None when it can): not an IP address or RFC 1123 host name
     (``a..b``, ``-``), a dotted number that is no IPv4 address (``999.1.1.1``), or an address no server answers
     from (unspecified 0.0.0.0/::, multicast, the IPv4 broadcast address)."""
+    if "%" in host:
+        return f"{host!r} has a zone index (%<interface>), which nginx's upstream and a URL cannot carry"
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:

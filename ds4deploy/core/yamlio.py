@@ -86,7 +86,9 @@ def _number(kind: str):
 
     def construct(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
         value = plain(loader, node)
-        if _YAML11_ONLY_NUMBER.match(node.value.strip()):
+        text = node.value.strip()
+        same = re.fullmatch(r"[-+]?[0-9]+", text) is not None and int(text, 10) == value  # 00, 007: 0 and 7 to both
+        if _YAML11_ONLY_NUMBER.fullmatch(text) and not same:
             raise AmbiguousScalar(node.value, node.start_mark.line + 1,
                                   f"the number {value!r} (a YAML 1.1 form; YAML 1.2 reads it otherwise)")
         if isinstance(value, float) and not math.isfinite(value):
@@ -414,12 +416,8 @@ def parse_json(text: str, origin: str, fix: str) -> Any:
             out[k] = v
         return out
 
-    def finite_only(constant: str) -> float:
-        # Python's json reads NaN, Infinity and -Infinity, which JSON (RFC 8259 section 6) does not have.
-        raise ValueError(f"{constant} is not a JSON number (RFC 8259 has no NaN or Infinity)")
-
     try:
-        return json.loads(text, object_pairs_hook=no_duplicates, parse_constant=finite_only)
+        return json.loads(text, object_pairs_hook=no_duplicates)
     except ValueError as exc:
         raise UserError(f"{origin} is not valid JSON: {exc}", fix) from None
     except RecursionError:

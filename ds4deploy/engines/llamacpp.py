@@ -146,10 +146,14 @@ def server_args(recipe: Recipe) -> list[str]:
     flags = known_flags()
     for name, value in lc.extra_args.items():
         flag = name if name.startswith("-") else f"--{name}"
-        if value is False:
-            # A switch turned off is its negated spelling (--no-<x>), where the option has one.
-            off = next((n for n, f in flags.items() if f.get("negation") and f.get("option") == (
-                flags.get(flag) or {}).get("option")), None)
+        if value is False and flag in flags:
+            # A switch turned off is its negated spelling (--no-<x>), where the option has one; a negated spelling
+            # set to false would mean the switch on, which its own name says plainly.
+            if flags[flag].get("negation"):
+                raise UserError(f"engine.llamacpp.extra_args sets {flag}: false (a double negative)",
+                                f"write the switch itself: {flags[flag]['option'].removeprefix('--')}: true")
+            off = next((n for n, f in flags.items() if f.get("negation") and f.get("option") == flags[flag]["option"]),
+                       None)
             if off is None:
                 raise UserError(f"engine.llamacpp.extra_args sets {flag}: false, and llama-server's {flag} has no "
                                 "negated form", f"remove {name} from engine.llamacpp.extra_args to leave it off")
@@ -172,8 +176,9 @@ _OWNED_OPTIONS = ("--api-key", "--api-key-file")
 
 
 def _one_spelling_each(recipe: Recipe, args: list[str], derived: int, flags: dict[str, dict]) -> None:
-    """Refuse an extra flag that is an option the argv already sets under any of its spellings (-t and --threads,
+    """Refuse an extra flag that is an option the render already sets under any of its spellings (-t and --threads,
     --jinja and --no-jinja: llama-server keeps the last one given), or one the deploy owns (`_OWNED_OPTIONS`).
+    Extra flags among themselves are not compared: some options may be given several times (--override-kv).
 
     Raises:
         UserError: naming the extra flag, the spelling already there and the recipe field that sets it.
@@ -189,8 +194,6 @@ def _one_spelling_each(recipe: Recipe, args: list[str], derived: int, flags: dic
             owned.append(tok)
         elif opt is not None and opt in ours:
             clashes.append(f"{tok} (the render sets {ours[opt]})")
-        elif opt is not None:
-            ours[opt] = tok
     if owned:
         raise UserError(f"recipe '{recipe.name}': engine.llamacpp.extra_args sets {', '.join(owned)}: the API key is "
                         "the deploy's (serving.auth's key file, checked by the front door)",

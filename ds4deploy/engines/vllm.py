@@ -208,8 +208,12 @@ def engine_args(recipe: Recipe) -> list[str]:
     ours = {a[2:] for a in args if a.startswith("--")} | {"nnodes", "node-rank", "master-addr", "master-port",
                                                           "headless", "data-parallel-address",
                                                           "data-parallel-start-rank", "api-server-count"}
-    twice = sorted(n for n in s.extra_args if n != "override-generation-config"  # merged, not repeated
-                   and (n in ours or f"no-{n}" in ours or n.removeprefix("no-") in ours))
+    # A JSON flag's key in dot notation (speculative-config.num_speculative_tokens) overrides that flag's value too.
+    merged = "override-generation-config"  # merged with the output cap, not repeated
+    twice = sorted(n for n in s.extra_args if (flag_of := n.split(".", 1)[0].rstrip("+")) != merged
+                   and (flag_of in ours or f"no-{flag_of}" in ours or flag_of.removeprefix("no-") in ours))
+    if any(n.startswith(f"{merged}.") for n in s.extra_args):
+        twice.append(f"{merged}.<key>")
     if twice:
         raise UserError(f"serving.extra_args sets {', '.join('--' + n for n in twice)}, which the render already "
                         "derives from the recipe (the engine would get the flag twice and keep the last)",

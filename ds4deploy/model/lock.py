@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ds4deploy.core.errors import UserError
+from ds4deploy.engines.llamacpp import gguf_parts
 from ds4deploy.model.manifest import check_manifest, manifest_of_files, manifest_path, split_gguf_problems
 from ds4deploy.recipe.schema import Recipe
 
@@ -52,16 +53,18 @@ def local_files(src: Path) -> tuple[Path, list[str]]:
         root = src
         entries = sorted(p for p in src.rglob("*")
                          if not any(part.startswith(".") for part in p.relative_to(src).parts))
-    # os.path.realpath, not Path.resolve: it does not raise on a loop of links (Python 3.11 raises RuntimeError).
-    real_root = Path(os.path.realpath(root))
-    outside = [p for p in entries if p.is_symlink() and not Path(os.path.realpath(p)).is_relative_to(real_root)]
-    if outside:
-        links = ", ".join(f"{p.relative_to(root)} -> {os.path.realpath(p)}" for p in outside[:SHOWN])
-        more = f" and {len(outside) - SHOWN} more" if len(outside) > SHOWN else ""
-        raise UserError(f"model source {src}: {links}{more}: a symbolic link out of {root}; the manifest would "
-                        "record (and the deploy copy) a file from elsewhere on this host; nothing was written",
-                        "pass a folder that holds the model's files themselves: copy them into one with "
-                        "`cp -rL <folder> <new folder>` (-L copies what each link points to) and lock that")
+    # A link to a regular file is followed, wherever it points: a Hugging Face cache snapshot is made of links into
+    # ../../blobs/ (huggingface_hub docs, "Understand caching"), and the content is what the manifest hashes. A link
+    # that leads nowhere, or to something that is not a regular file (a device, a pipe, a loop of links:
+    # os.path.realpath does not raise on a loop), is refused: nothing could be hashed or copied. Links to folders are
+    # not followed (rglob).
+    broken = [p for p in entries if p.is_symlink() and not p.is_dir() and not os.path.isfile(os.path.realpath(p))]
+    if broken:
+        links = ", ".join(f"{p.relative_to(root)} -> {os.path.realpath(p)}" for p in broken[:SHOWN])
+        more = f" and {len(broken) - SHOWN} more" if len(broken) > SHOWN else ""
+        raise UserError(f"model source {src}: {links}{more}: a symbolic link to no regular file; nothing was written",
+                        "pass a folder whose links all lead to the model's files (a download that was interrupted "
+                        "leaves links to missing blobs: fetch it again)")
     names = sorted(str(p.relative_to(root)) for p in entries if p.is_file())
     if not names:
         raise UserError(f"model source {src} holds no files", "pass the directory that holds the model's files")
@@ -69,16 +72,19 @@ def local_files(src: Path) -> tuple[Path, list[str]]:
 
 
 def check_model_file(recipe: Recipe, root: Path, names: list[str]) -> None:
-    """The file the engine loads (``model.file``, `ds4deploy.recipe.schema.Model`) is one of the local model's
-    `names`: a manifest without it checks nothing the engine reads, and the deploy would copy a model the engine
-    cannot open. Recipes without ``model.file`` (the engine gets the directory) pass.
+    """The files the engine loads (a llama.cpp recipe's ``model.gguf`` parts, else ``model.file``) are among the local
+    model's `names`: a manifest without them checks nothing the engine reads, and the deploy would copy a model the
+    engine cannot open. Recipes without either (the engine gets the directory) pass.
 
     Raises:
         UserError: naming the file, the source and the files it holds.
     """
-    file = recipe.model.file
-    if file is None or file in names:
+    gg = recipe.model.gguf
+    wanted = gguf_parts(gg.file, gg.parts) if gg is not None else [recipe.model.file] if recipe.model.file else []
+    missing = [f for f in wanted if f not in names]
+    if not missing:
         return
+    file = missing[0]
     have = ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
     raise UserError(f"recipe '{recipe.name}' has the engine load model.file {file} ({recipe.model.path}/{file}), but "
                     f"model source {root} holds no {file} (its files: {have}); the manifest would not record the file "

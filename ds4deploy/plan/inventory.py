@@ -140,8 +140,14 @@ def _resolve_templates(path: Path, hostvars: dict[str, dict[str, Any]]) -> None:
     expr = "{{ {" + ", ".join(f"{json.dumps(k)}: ({k} | default(None))" for k in keys) + "} }}"
     env = {**_env(), "ANSIBLE_LOAD_CALLBACK_PLUGINS": "1", "ANSIBLE_STDOUT_CALLBACK": "ansible.posix.json"}
     hosts = ",".join(h for h, ks in templated.items() if ks)
-    p = subprocess.run([_tool("ansible"), "-i", str(path), hosts, "-m", "ansible.builtin.debug", "-a", f"msg={expr}"],
-                       capture_output=True, text=True, env=env, timeout=300, check=False)
+    try:
+        p = subprocess.run([_tool("ansible"), "-i", str(path), hosts, "-m", "ansible.builtin.debug", "-a",
+                            f"msg={expr}"], capture_output=True, text=True, env=env, timeout=INVENTORY_TIMEOUT_S,
+                           check=False)
+    except subprocess.TimeoutExpired:
+        raise UserError(f"Ansible did not resolve the templated host variables of {path} within "
+                        f"{INVENTORY_TIMEOUT_S} s", "run `ansible -i <it> all -m debug` to see where it stops, or "
+                        "write those variables' values plainly") from None
     missing = missing_collection(p.stderr + p.stdout)
     if missing is not None:
         raise missing

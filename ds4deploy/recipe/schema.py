@@ -29,6 +29,7 @@ from pydantic import (
     model_validator,
 )
 
+from ds4deploy.core.keys import NGINX_CONF_BUFFER
 from ds4deploy.core.net import destination_problem
 from ds4deploy.core.secret_scan import is_secret_name
 from ds4deploy.recipe import paths
@@ -50,13 +51,25 @@ NODE_PATH_RULE = "an absolute path without white space, control characters, ':',
 def _no_dotdot(v: str) -> str:
     if ".." in v.split("/"):
         raise ValueError(f"{v!r} climbs out with '..': write the path it means without '..'")
-    if "//" in v:
-        # //etc is /etc to the kernel, but not to a check comparing the text with /etc.
-        raise ValueError(f"{v!r} holds '//': write each '/' once")
+    if "//" in v or "." in v.split("/"):
+        # //etc and /usr/./bin are /etc and /usr/bin to the kernel, but not to a check comparing the text.
+        raise ValueError(f"{v!r} holds '//' or a '.' folder: write the path plainly, each '/' once")
+    if tree := in_system_tree(v.rstrip("/")):
+        raise ValueError(f"{v!r} lies in {tree}, a system tree the deploy must not create, mount or write into: "
+                         "name a folder of its own (e.g. under /var/lib/ds4deploy or /etc/ds4deploy)")
     return v
 
 
 NodePath = Annotated[str, Field(pattern=NODE_PATH_RE), AfterValidator(_no_dotdot)]
+
+# A vLLM flag as serving.extra_args names it: the spelling vLLM's --help prints, without the leading "--". vLLM's
+# parser also reads '_' for '-' (FlexibleArgumentParser), so max_model_len would slip past the check of flags the
+# render derives (and then override them); capitals and leading dashes are no flag at all. A JSON flag may take one
+# key in dot notation (--compilation-config.mode; a list's item with a final '+':
+# --compilation-config.custom_ops+, vLLM docs "CLI arguments").
+VLLM_FLAG_RE = r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_]+)*\+?$"
+VLLM_FLAG_RULE = ("a vLLM flag as its --help spells it, without the leading '--': lower case, '-' between words (vLLM "
+                  "reads '_' as '-', so max_model_len would override a flag the render derives)")
 # "<recipe>--<variant>" selects a named variant of a recipe (recipe.variants).
 VARIANT_SEP = "--"
 # Names of a netdev and of an RDMA device (HCA), one rule for the recipe's rails and a node's overrides
@@ -76,8 +89,10 @@ SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/op
 # Trees no deploy may mount, create, chown or write into (the Filesystem Hierarchy Standard 3.0's programs, libraries,
 # boot files and the kernel's pseudo-filesystems, https://refspecs.linuxfoundation.org/FHS_3.0/fhs/index.html, sections
 # 3.4, 3.5, 3.9, 3.16, 4.4, 4.6, 6.1.5-6): a model directory or a key file there would replace system files.
-SYSTEM_TREES = ("/bin", "/boot", "/dev", "/lib", "/lib32", "/lib64", "/proc", "/run", "/sbin", "/sys", "/usr/bin",
-                "/usr/lib", "/usr/lib64", "/usr/libexec", "/usr/sbin", "/usr/share")
+# (Not /run, where desktops mount removable disks (/run/media/<user>), nor /usr/share, where packaged servers keep
+# models.)
+SYSTEM_TREES = ("/bin", "/boot", "/dev", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr/bin", "/usr/lib",
+                "/usr/lib64", "/usr/libexec", "/usr/sbin")
 
 
 def in_system_tree(path: str) -> str | None:
@@ -462,12 +477,10 @@ class Model(Strict):
         """The model directory is mounted into the engine and created/filled by the deploy: a path that climbs
         with ``..`` (``/var/lib/ds4deploy/models/../../../../etc`` is /etc), is ``/`` or a system directory itself
         would hand that directory to both."""
-        parts = v.split("/")
-        if (any(p in ("..", ".") for p in parts) or v.rstrip("/") in SYSTEM_DIRS | {""}
-                or in_system_tree(v.rstrip("/"))):
-            raise ValueError(f"model.path {v!r} climbs out with '..', holds '.', or is the root or a system "
-                             "directory; the deploy would mount and fill that directory: name the model's own "
-                             "directory, e.g. /var/lib/ds4deploy/models/<name>")
+        # '..', '.', '//' and the system trees are NodePath's (`_no_dotdot`); here the system folders themselves.
+        if v.rstrip("/") in SYSTEM_DIRS | {""}:
+            raise ValueError(f"model.path {v!r} is the root or a system directory; the deploy would mount and fill "
+                             "that directory: name the model's own directory, e.g. /var/lib/ds4deploy/models/<name>")
         return v
 
     @model_validator(mode="after")
@@ -557,11 +570,7 @@ class Auth(Strict):
     def _own_directory(cls, v: str | None) -> str | None:
         if v is None:
             return v
-        if ".." in v.split("/") or "//" in v:
-            raise ValueError(f"key_file {v} holds '..' or '//': write the path it means, each '/' once")
-        if tree := in_system_tree(v):
-            raise ValueError(f"key_file {v} lies in {tree}, a system tree: put it in a directory of its own (e.g. "
-                             "/etc/ds4deploy/secrets/)")
+        _no_dotdot(v)  # the node-path rules: no '..', '.', '//', no system tree
         parent = str(Path(v).parent)
         if parent in SYSTEM_DIRS:
             raise ValueError(f"key_file {v} sits directly in {parent}; put it in a directory of its own "
@@ -1303,23 +1312,15 @@ MODEL_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9._/-]*$"
 # A person's name in the gateway: it is written into the access log and the rendered people maps, so it is kept to
 # characters that are literal in nginx map values and in JSON.
 PERSON_RE = r"^[a-z0-9][a-z0-9._-]{0,63}$"
-# A vLLM flag as serving.extra_args names it: the spelling vLLM's --help prints, without the leading "--". vLLM's
-# parser also reads '_' for '-' (FlexibleArgumentParser), so max_model_len would slip past the check of flags the
-# render derives (and then override them); capitals and leading dashes are no flag at all. A JSON flag may take one
-# key in dot notation (--compilation-config.mode, vLLM docs "CLI arguments").
-VLLM_FLAG_RE = r"^[a-z0-9][a-z0-9-]*(\.[a-z0-9_]+)*$"
-VLLM_FLAG_RULE = ("a vLLM flag as its --help spells it, without the leading '--': lower case, '-' between words (vLLM "
-                  "reads '_' as '-', so max_model_len would override a flag the render derives)")
 # An HTTP header name (RFC 9110 section 5.1: a token), lower case as nginx's $http_ variables want it.
 HEADER_RE = r"^[a-z0-9][a-z0-9-]{0,63}$"
 # Headers that carry a credential: Authorization and Proxy-Authorization (RFC 9110 sections 11.6.2, 11.7.2), Cookie
 # (RFC 6265 section 5.4), x-api-key (Anthropic's API key header, docs.anthropic.com/en/api/overview). A session header
 # is written into every access log line and hashed or read by the router: one of these would log each person's key.
 CREDENTIAL_HEADERS = ("authorization", "proxy-authorization", "cookie", "x-api-key")
-# nginx reads one configuration parameter into a buffer of 4,096 bytes and refuses a longer one ("too long
-# parameter": NGX_CONF_BUFFER, src/core/ngx_conf_file.c); the gateway's fallback pairs are one such parameter
-# (templates/gateway-front-door.conf.j2, `js_var $ds4_fallback '<JSON>'`), kept clear of it.
-NGINX_PARAMETER_MAX = 4000
+# The gateway's fallback pairs are one nginx parameter (templates/gateway-front-door.conf.j2, `js_var $ds4_fallback
+# '<JSON>'`): kept clear of nginx's buffer for one, with room for the quotes and the directive.
+NGINX_PARAMETER_MAX = NGINX_CONF_BUFFER - 96
 # A url backend: http://<host>:<port>, an IPv6 host in brackets (RFC 3986 section 3.2.2), no path.
 BACKEND_URL_RE = re.compile(r"^http://(?P<host>\[[0-9A-Fa-f:.]+\]|[^/:\[\]@?#\s]+):(?P<port>[0-9]{1,5})$")
 
@@ -1374,12 +1375,6 @@ class GatewayBackend(Strict):
         if not 1 <= int(m["port"]) <= 65535:
             raise ValueError(f"port {int(m['port'])} is outside 1-65535")
         return v
-
-    @property
-    def endpoint(self) -> str | None:
-        """A url backend's ``<host>:<port>`` in lower case (what two backends must not share); None for a recipe
-        backend, whose port comes from its recipe."""
-        return self.url.removeprefix("http://").lower() if self.url else None
 
     @model_validator(mode="after")
     def _one_kind(self) -> GatewayBackend:

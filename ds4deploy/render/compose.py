@@ -489,15 +489,17 @@ def write(rendered: Rendered, root: Path | None = None) -> list[Path]:
 
 
 def write_all(renders: list[Rendered], root: Path | None = None, env: dict[str, str] | None = None) -> list[Path]:
-    """Write renders under ``root/<recipe>/`` all or nothing: every render goes into a temporary tree beside
-    `root` first, each compose file there must pass `compose_config` (with `env`), then each recipe's directory is
-    swapped in, replacing whatever that directory held (it belongs to the render). A refusal writes nothing.
+    """Write renders under ``root/<recipe>/``: every render goes into a temporary tree beside `root` first, each
+    compose file there must pass `compose_config` (with `env`), then each recipe's directory is swapped in,
+    replacing whatever that directory held (it belongs to the render). A refusal (compose, a render's place taken,
+    one name with two renders) writes nothing; an OS error while swapping (a folder that cannot be removed) stops
+    with the renders swapped in before it in place.
 
     Returns:
         The paths whose content changed (or that are new), in order.
     Raises:
-        UserError: compose refuses a rendered file, or a render's place is taken by something that is not a
-            directory, or `root` cannot be written (nothing under `root` changed).
+        UserError: compose refuses a rendered file, a render's place is taken by something that is not a
+            directory, two renders of one name differ (nothing under `root` changed), or `root` cannot be written.
     """
     import shutil
     import tempfile

@@ -14,6 +14,7 @@ reference, "Error codes": ``{"error": {"message", "type", "param", "code"}}``).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -96,9 +97,10 @@ def listen(recipe: Recipe) -> str:
 
     if recipe.serving.network_mode == "bridge":
         return str(recipe.serving.port)
-    if recipe.serving.bind_address == "::":
+    ip = ipaddress.ip_address(recipe.serving.bind_address)
+    if ip.version == 6 and ip.is_unspecified:
         # nginx's [::] socket is IPv6 only by default (ipv6only=on, nginx docs: ngx_http_core_module `listen`):
-        # the healthcheck's 127.0.0.1 and every IPv4 client would be refused. "::" means every address, both.
+        # the healthcheck's 127.0.0.1 and every IPv4 client would be refused. "::" (or 0::0) means every address.
         return f"[::]:{recipe.serving.port} ipv6only=off"
     return f"{url_host(recipe.serving.bind_address)}:{recipe.serving.port}"
 

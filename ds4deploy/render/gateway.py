@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from ds4deploy.build.gateway_image import image_ref
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.keys import KEY_RE, KEY_RULE
-from ds4deploy.core.net import is_loopback_host, url_host
+from ds4deploy.core.net import is_loopback_host, same_host, url_host
 from ds4deploy.core.secret_scan import find_secrets
 from ds4deploy.core.yamlio import load_strict
 from ds4deploy.recipe import paths
@@ -154,13 +154,13 @@ def _endpoint_problems(gw: GatewayRecipe, backends: list[Backend]) -> list[str]:
     problems, seen = [], {}
     own = {gw.port, gw.router_port, gw.router_metrics_port} - {None}
     for be in backends:
-        endpoint = be.url.removeprefix("http://").lower()
+        host, port = be.url.removeprefix("http://").rsplit(":", 1)
+        host = host.strip("[]")
+        endpoint = f"{same_host(host)}:{port}"
         if endpoint in seen:
             problems.append(f"backends '{seen[endpoint]}' and '{be.name}' are one server ({endpoint}): list it once")
         seen.setdefault(endpoint, be.name)
-        host, port = endpoint.rsplit(":", 1)
-        host = host.strip("[]")
-        if int(port) in own and (is_loopback_host(host) or host == gw.bind_address):
+        if int(port) in own and (is_loopback_host(host) or same_host(host) == same_host(gw.bind_address)):
             problems.append(f"backend '{be.name}' ({endpoint}) is the gateway itself (its port, router_port or "
                             "router_metrics_port): name the backend's own address and port")
     return problems

@@ -284,7 +284,7 @@ def test_split_gguf_rules():
 
 @pytest.mark.parametrize(("edit", "needle"), [
     (lambda d: d["model"].update(path="/"), "is the root or a system directory"),
-    (lambda d: d["model"].update(path="/var/lib/ds4deploy/models/./x"), "holds '.'"),
+    (lambda d: d["model"].update(path="/var/lib/ds4deploy/models/./x"), "a '.' folder"),
     (lambda d: d["model"].update(aliases=["ds4-tiny"]), "model.aliases[0] 'ds4-tiny' is already model.served_name"),
 ])
 def test_model_rules(recipe_dir, edit, needle):

@@ -81,6 +81,7 @@ REFUSED = {
                        "in brackets is not an IPv6 address"),
     "empty label host": (_set(_doc("office"), "backends.0.host", "a..b"), "neither an IP address"),
     "unspecified host": (_set(_doc("office"), "backends.0.host", "0.0.0.0"), "no server answers from it"),
+    "scoped IPv6 host": (_set(_doc("office"), "backends.0.host", "fe80::1%eth0"), "zone index"),
     # Paths compose or nginx would refuse, or that collide with the files derived from them.
     "colon in people_key_file": (_set(_doc("office"), "people_key_file", "/etc/a:b.people"), "':'"),
     "dotdot in key_file": (_set(_doc("office"), "key_file", "/etc/ds4deploy/../shadow.env"), "climbs out"),
@@ -94,6 +95,10 @@ REFUSED = {
     # One server listed twice, and the gateway as its own backend.
     "one URL twice": (_loopback_with_nginx(**{"backends.1.url": "http://127.0.0.1:18121"}), "are one server"),
     "one host twice": (_set(_doc("office"), "backends.1.host", "box-a.office.lan"), "are one server"),
+    "one host twice, spelled twice": (_set(_doc("office"), "backends.1.host", "BOX-A.office.lan."), "are one server"),
+    "key file in a system tree": (_set(_doc("office"), "key_file", "/usr/bin/gw.env"), "a system tree"),
+    "people file through a dot folder": (_set(_doc("office"), "people_key_file", "/etc/ds4deploy/./p.people"),
+                                         "a '.' folder"),
     "the gateway itself": (_loopback_with_nginx(**{"backends.0.url": "http://127.0.0.1:18140"}),
                            "is the gateway itself"),
 }

@@ -87,25 +87,25 @@ def local_recipe(tmp_path: Path, name: str = "m04", **model: str) -> str:
     return name
 
 
-@pytest.mark.parametrize("target", ["/etc/passwd", "outside"])
-def test_a_symbolic_link_out_of_the_from_folder_is_refused(cli, tmp_path, target):
+def test_links_to_files_are_followed_and_a_broken_link_is_refused(cli, tmp_path):
+    """A Hugging Face cache snapshot is links into ../../blobs/: followed (the content is what is hashed). A link to
+    nothing, or to something that is not a regular file, is refused (it was hashed and recorded before, or failed)."""
     name = local_recipe(tmp_path)
-    parts = tmp_path / "parts"
-    parts.mkdir()
-    (parts / "a.bin").write_bytes(b"part of the model")
-    if target == "outside":
-        (tmp_path / "elsewhere.bin").write_bytes(b"not the model")
-        target = str(tmp_path / "elsewhere.bin")
-    (parts / "model.gguf").symlink_to(target)
+    snap, blobs = tmp_path / "hub" / "snapshots" / "rev", tmp_path / "hub" / "blobs"
+    snap.mkdir(parents=True)
+    blobs.mkdir()
+    (blobs / "abc").write_bytes(b"part of the model")
+    (snap / "model.gguf").symlink_to("../../blobs/abc")
+    assert cli("model", "lock", name, "--from", str(snap)).returncode == 0
+    (tmp_path / "recipes" / f"{name}.manifest.json").unlink()
+    (snap / "model.gguf").unlink()
+    (snap / "model.gguf").symlink_to("../../blobs/missing")
+    (snap / "pipe.bin").symlink_to("/dev/null")
     before = files_under(tmp_path)
-    for src in (parts, parts / "model.gguf"):  # the folder, and the link named as the file
-        p = cli("model", "lock", name, "--from", str(src))
-        refused(p, f"model.gguf -> {os.path.realpath(target)}: a symbolic link out of {parts}", "cp -rL")
-        assert files_under(tmp_path) == before, "a refused lock wrote something"
-    # A link that stays inside the folder is the folder's own file.
-    (parts / "model.gguf").unlink()
-    (parts / "model.gguf").symlink_to("a.bin")
-    assert cli("model", "lock", name, "--from", str(parts)).returncode == 0
+    refused(cli("model", "lock", name, "--from", str(snap)), "model.gguf -> ", "a symbolic link to no regular file")
+    # The broken link named as the file: there is no such file.
+    refused(cli("model", "lock", name, "--from", str(snap / "model.gguf")), "does not exist on this host")
+    assert files_under(tmp_path) == before, "a refused lock wrote something"
 
 
 def test_the_file_the_engine_loads_must_be_in_the_manifest(cli, tmp_path):

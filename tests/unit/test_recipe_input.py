@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from ds4deploy.core.errors import UserError
-from ds4deploy.core.yamlio import parse_json
 from ds4deploy.recipe.paths import REPO_ROOT
 
 pytestmark = pytest.mark.tool  # the CLI in a subprocess
@@ -76,11 +75,11 @@ CASES = {
     "empty key over the key file": ('engine:\n  env:\n    VLLM_API_KEY: ""', "cpu", "VLLM_API_KEY name a credential"),
     # Paths that named a system directory past the checks.
     "model path //etc": ("model:\n  path: //etc", "cpu", "holds '//'"),
-    "model path /usr/bin": ("model:\n  path: /usr/bin", "cpu", "system directory"),
-    "model path /boot/x": ("model:\n  path: /boot/models", "cpu", "system directory"),
-    "key file //etc": ("serving:\n  auth:\n    key_file: //etc/x.env", "cpu", "holds '..' or '//'"),
+    "model path /usr/bin": ("model:\n  path: /usr/bin", "cpu", "a system tree"),
+    "model path /boot/x": ("model:\n  path: /boot/models", "cpu", "a system tree"),
+    "key file //etc": ("serving:\n  auth:\n    key_file: //etc/x.env", "cpu", "holds '//'"),
     "key file /usr/bin": ("serving:\n  auth:\n    key_file: /usr/bin/x.env", "cpu", "a system tree"),
-    "key file dotdot": ("serving:\n  auth:\n    key_file: /etc/ds4deploy/../x.env", "cpu", "holds '..' or '//'"),
+    "key file dotdot": ("serving:\n  auth:\n    key_file: /etc/ds4deploy/../x.env", "cpu", "climbs out with '..'"),
     # Listen addresses nginx refuses.
     "scoped IPv6": ('serving:\n  bind_address: "fe80::1%eth0"', "cpu", "scoped IPv6 address"),
     "IPv4-mapped IPv6": ('serving:\n  bind_address: "::ffff:127.0.0.1"', "cpu", "write the IPv4 address 127.0.0.1"),
@@ -106,6 +105,14 @@ CASES = {
                                                "cpu-llamacpp", "--no-jinja (the render sets --jinja)"),
     "llama.cpp false without negation": ("engine:\n  llamacpp:\n    extra_args:\n      metrics: false",
                                          "cpu-llamacpp", "has no negated form"),
+    # A JSON flag's key in dot notation overriding what the render derives, and a double negative.
+    "dot notation over the output cap": ("serving:\n  extra_args:\n    override-generation-config.max_new_tokens: 9",
+                                         "cpu", "--override-generation-config.<key>, which the render already"),
+    "dot notation over speculative": ("serving:\n  extra_args:\n    speculative-config.num_speculative_tokens: 9",
+                                      "rtx3090x2-xeon-ds4-flash", "--speculative-config.num_speculative_tokens"),
+    "llama.cpp double negative": ("engine:\n  llamacpp:\n    extra_args:\n      no-cont-batching: false",
+                                  "cpu-llamacpp", "a double negative"),
+    "model path through a dot folder": ("model:\n  path: /usr/./bin", "cpu", "a '.' folder"),
     # Values Docker refuses at create or start, after the deploy changed the host.
     "engine name not a tag": ('engine:\n  name: "vLLM CPU/x"', "cpu", "engine.name"),
     "log size in words": ('container:\n  log_max_size: "fifty megs"', "cpu", "container.log_max_size"),
@@ -120,10 +127,14 @@ def test_bad_recipes_are_refused_and_nothing_is_written(tmp_path: Path, case: st
     _refused(_run(tmp_path, "render", str(_recipe(tmp_path, body, base))), tmp_path, words)
 
 
-def test_json_has_no_nan_or_infinity() -> None:
-    for text in ('{"size": NaN}', '{"size": Infinity}', "[-Infinity]"):
-        with pytest.raises(UserError, match="not a JSON number"):
-            parse_json(text, "m.json", "fix it")
+def test_numbers_both_yaml_versions_read_alike_pass() -> None:
+    """00 and 007 are 0 and 7 to YAML 1.1 (octal) and 1.2 (decimal) alike; 0x1F, 1e-5, -1 and 1.0 too."""
+    from ds4deploy.core.yamlio import parse_strict
+
+    doc = parse_strict("a: 00\nb: 007\nc: 0x1F\nd: 1.0e-5\ne: -1\nf: 1.0\ng: 0\n", "t.yaml", recipe=True)
+    assert doc.data == {"a": 0, "b": 7, "c": 31, "d": 1e-5, "e": -1, "f": 1.0, "g": 0}
+    with pytest.raises(UserError, match="the number 8"):
+        parse_strict("a: 010\n", "t.yaml")
 
 
 def test_one_recipe_named_twice_renders_once_and_two_recipes_of_one_name_are_refused(tmp_path: Path) -> None:
@@ -176,7 +187,19 @@ def test_every_spelling_of_a_wildcard_ipv6_listen_reaches_ipv4_too() -> None:
     r = load_recipe("cpu")
     host = r.model_copy(update={"serving": r.serving.model_copy(update={"bind_address": "::",
                                                                         "network_mode": "host"})})
-    assert front_door.listen(host) == f"[::]:{r.serving.port} ipv6only=off"
+    for wildcard in ("::", "0::0", "0:0:0:0:0:0:0:0"):
+        host = r.model_copy(update={"serving": r.serving.model_copy(update={"bind_address": wildcard,
+                                                                            "network_mode": "host"})})
+        assert front_door.listen(host) == f"[::]:{r.serving.port} ipv6only=off", wildcard
+
+
+def test_good_inputs_next_to_the_new_checks_still_render(tmp_path: Path) -> None:
+    """What a user legitimately writes beside the refused shapes: models on a desktop's mounted disk or where a
+    packaged server keeps them, vLLM's list syntax in dot notation."""
+    for body in ("model:\n  path: /run/media/ann/disk/models/tiny", "model:\n  path: /usr/share/ollama/models/tiny",
+                 "serving:\n  extra_args:\n    compilation-config.custom_ops+: none"):
+        p = _run(tmp_path, "recipe", "validate", str(_recipe(tmp_path, body)))
+        assert p.returncode == 0, (body, p.stderr)
 
 
 def test_an_inventory_that_is_a_pipe_is_refused_not_read_forever(tmp_path: Path) -> None:
