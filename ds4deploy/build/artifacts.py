@@ -40,6 +40,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
@@ -294,27 +295,30 @@ def _obtain(art: Artifact, source: str) -> tuple[str, int]:
                             f"pass the downloaded {art.file} (--artifact {art.name}=PATH) or its URL")
         sha = _sha256(src)
         tmp = cached_path("incoming", art.file)
-        try:
-            tmp.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, tmp)
-        except OSError as exc:
-            if tmp.is_file():
-                tmp.unlink()
-            raise UserError(f"could not copy {src} into the cache ({tmp}): {exc.strerror or exc}",
-                            f"make {tmp.parent} writable (or point DS4_CACHE_DIR at a writable directory)") from None
+        _cache_step(lambda: shutil.copyfile(src, tmp), tmp, tmp, f"could not copy {src} into the cache ({tmp})")
         if _sha256(tmp) != sha:
             tmp.unlink(missing_ok=True)
             raise UserError(f"{src} changed while it was copied into the cache", "run the lock again")
     final = cached_path(sha, art.file)
+    _cache_step(lambda: os.replace(tmp, final), tmp, final, f"could not write {final}")
+    return sha, final.stat().st_size
+
+
+def _cache_step(write: Callable[[], object], tmp: Path, dest: Path, what: str) -> None:
+    """One write into the artifact cache (`dest`'s folder made first); on an OS error the partial `tmp` is removed
+    and one message names `what` and the folder to fix.
+
+    Raises:
+        UserError: the folder cannot be made or written (full, read-only, a file where a folder goes).
+    """
     try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(tmp, final)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        write()
     except OSError as exc:
         if tmp.is_file():
             tmp.unlink()
-        raise UserError(f"could not write {final}: {exc.strerror or exc}",
-                        f"make {final.parent} writable (or point DS4_CACHE_DIR at a writable directory)") from None
-    return sha, final.stat().st_size
+        raise UserError(f"{what}: {exc.strerror or exc}",
+                        f"make {dest.parent} writable (or point DS4_CACHE_DIR at a writable directory)") from None
 
 
 # Query parameter names that carry a signature, a credential until it expires, with no credential word in them
