@@ -856,7 +856,7 @@ class Container(Strict):
                     "the NIC, and NCCL over RoCE/InfiniBand fails without it (rule rdma-memlock)",
     )
     stack_bytes: int | None = Field(
-        default=None,
+        default=None, ge=1,
         description="stack size limit of the engine's processes, bytes (compose ulimits stack); unset: Docker's "
                     "default",
     )
@@ -948,6 +948,12 @@ class Fabric(Strict):
         if twice:
             raise ValueError(f"fabric.rails name {'; '.join(twice)} on more than one rail: an HCA carries one "
                              "netdev, so it belongs to exactly one rail (`ibdev2netdev` shows which)")
+        # The inventory's ds4_rails address each rail by name, and each rail is one netdev's address and MTU.
+        for what, values in (("name", [r.name for r in self.rails]), ("netdev", [r.netdev for r in self.rails])):
+            dup = sorted({v for v in values if values.count(v) > 1})
+            if dup:
+                raise ValueError(f"fabric.rails use the {what} {', '.join(dup)} twice: each rail is one port, named "
+                                 "once (the inventory's ds4_rails address rails by name)")
         return self
 
 

@@ -113,6 +113,11 @@ CASES = {
     "llama.cpp double negative": ("engine:\n  llamacpp:\n    extra_args:\n      no-cont-batching: false",
                                   "cpu-llamacpp", "a double negative"),
     "model path through a dot folder": ("model:\n  path: /usr/./bin", "cpu", "a '.' folder"),
+    "two rails of one name": ("fabric:\n  rails:\n    - {name: rail0, netdev: enp1s0f1np1, hcas: [rocep1s0f1], "
+                              "subnet: 10.100.184.0/24, mtu: 9000}\n    - {name: rail0, netdev: enP2p1s0f1np1, "
+                              "hcas: [roceP2p1s0f1], subnet: 10.100.185.0/24, mtu: 9000}", "gx10x2-ds4-flash-fp8",
+                              "use the name rail0 twice"),
+    "a negative stack size": ("container:\n  stack_bytes: -5", "cpu", "must be >= 1"),
     # Values Docker refuses at create or start, after the deploy changed the host.
     "engine name not a tag": ('engine:\n  name: "vLLM CPU/x"', "cpu", "engine.name"),
     "log size in words": ('container:\n  log_max_size: "fifty megs"', "cpu", "container.log_max_size"),
