@@ -25,6 +25,7 @@ from pydantic import (
     ConfigDict,
     Field,
     PrivateAttr,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -568,16 +569,24 @@ class Auth(Strict):
     @field_validator("key_file")
     @classmethod
     def _own_directory(cls, v: str | None) -> str | None:
-        if v is None:
-            return v
-        _no_dotdot(v)  # the node-path rules: no '..', '.', '//', no system tree
-        parent = str(Path(v).parent)
-        if parent in SYSTEM_DIRS:
-            raise ValueError(f"key_file {v} sits directly in {parent}; put it in a directory of its own "
-                             "(e.g. /etc/ds4deploy/secrets/), whose mode the deploy sets to 0700")
-        if Path(v).resolve().is_relative_to(paths.REPO_ROOT):
-            raise ValueError(f"key_file {v} is inside the repository; keys live outside it")
-        return v
+        return None if v is None else key_file_place(v, "key_file")
+
+
+def key_file_place(v: str, field: str) -> str:
+    """`v` as a key file's path (a stack's key_file, a gateway's key files): the node-path rules (`_no_dotdot`), a
+    file in a directory of its own, outside the repository. Returns `v`.
+
+    Raises:
+        ValueError: naming `field` and what to write instead.
+    """
+    _no_dotdot(v)  # the node-path rules: no '..', '.', '//', no system tree
+    parent = str(Path(v).parent)
+    if v.endswith("/") or v.rstrip("/") in SYSTEM_DIRS | {""} or parent in SYSTEM_DIRS:
+        raise ValueError(f"{field} {v} is a system folder or sits directly in {parent}; put it in a directory of "
+                         "its own (e.g. /etc/ds4deploy/secrets/), whose mode the deploy sets to 0700")
+    if Path(v).resolve().is_relative_to(paths.REPO_ROOT):
+        raise ValueError(f"{field} {v} is inside the repository; keys live outside it")
+    return v
 
 
 class FrontDoor(Strict):
@@ -1492,8 +1501,15 @@ class GatewayRecipe(Strict):
     @classmethod
     def _ipv4(cls, v: str) -> str:
         # nginx's `listen <address>:<port>` in the front door config: an IPv6 address would need brackets there.
-        ipaddress.IPv4Address(v)
+        ip = ipaddress.IPv4Address(v)
+        if ip.is_multicast or v == "255.255.255.255":
+            raise ValueError("a multicast or broadcast address: no server listens there")
         return v
+
+    @field_validator("key_file", "people_key_file")
+    @classmethod
+    def _key_places(cls, v: str, info: ValidationInfo) -> str:
+        return key_file_place(v, info.field_name or "key file")
 
     @model_validator(mode="after")
     def _consistent(self) -> GatewayRecipe:
