@@ -180,7 +180,7 @@ def test_an_inventory_cpu_bind_cannot_add_a_line_to_the_env_file(tmp_path: Path)
     # The committed renders (vars checks them fresh); a refusal writes no variables file.
     p = _run(tmp_path, "vars", "cpu-2node-tp", "--inventory", str(bad),
              env={"DS4_COMPOSE_DIR": str(REPO_ROOT / "compose")})
-    _refused(p, tmp_path, "which is not a CPU list", "VLLM_CPU_OMP_THREADS_BIND")
+    _refused(p, tmp_path, "which cannot be one value of the stack's .env", "VLLM_CPU_OMP_THREADS_BIND")
 
 
 def test_every_spelling_of_a_wildcard_ipv6_listen_reaches_ipv4_too() -> None:
