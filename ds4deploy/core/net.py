@@ -11,6 +11,12 @@ _LABEL = r"(?!-)[A-Za-z0-9-]{1,63}(?<!-)"
 HOSTNAME_RE = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*\.?$")
 
 
+def no_server_there(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether no server can listen on or answer from `ip`: a multicast address or the IPv4 limited broadcast
+    address (RFC 919, 255.255.255.255)."""
+    return ip.is_multicast or ip == ipaddress.IPv4Address("255.255.255.255")
+
+
 def same_host(host: str) -> str:
     """One spelling per host, for telling whether two spellings name one: an address in its compressed form
     (fd00:0::1 is fd00::1), localhost as 127.0.0.1, a host name in lower case without its final dot."""
@@ -36,7 +42,7 @@ def destination_problem(host: str) -> str | None:
         if not HOSTNAME_RE.fullmatch(host):
             return f"{host!r} is neither an IP address nor a host name (RFC 1123: labels of letters, digits and '-')"
         return None
-    if ip.is_unspecified or ip.is_multicast or (ip.version == 4 and ip == ipaddress.IPv4Address("255.255.255.255")):
+    if ip.is_unspecified or no_server_there(ip):
         return f"{host} is an unspecified, multicast or broadcast address: no server answers from it"
     return None
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from ds4deploy.core.errors import UserError
 from ds4deploy.engines.common import CONTAINER_MODEL_DIR, listen_host
-from ds4deploy.recipe.schema import Recipe
+from ds4deploy.recipe.schema import Recipe, repeated
 
 # vLLM flags whose value the engine parses as JSON (vLLM 0.32 vllm/engine/arg_utils.py: the config-valued arguments
 # built with `json.loads`/`optional_type(json.loads)`, and the generation/pooler overrides). Any other value that
@@ -72,7 +72,7 @@ def json_arg(name: str, value: str) -> str:
     def once(pairs: list[tuple[str, Any]]) -> dict:
         # json.loads keeps the last of a key written twice without a word: the engine would get one of two values.
         keys = [k for k, _ in pairs]
-        twice = sorted({k for k in keys if keys.count(k) > 1})
+        twice = repeated(keys)
         if twice:
             raise UserError(f"serving.extra_args.{name}: key {', '.join(map(repr, twice))} written twice in one "
                             "object (the engine would keep the last value without a word)",

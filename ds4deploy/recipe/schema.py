@@ -31,7 +31,7 @@ from pydantic import (
 )
 
 from ds4deploy.core.keys import NGINX_CONF_BUFFER
-from ds4deploy.core.net import destination_problem
+from ds4deploy.core.net import destination_problem, no_server_there
 from ds4deploy.core.secret_scan import is_secret_name
 from ds4deploy.recipe import paths
 
@@ -94,6 +94,11 @@ SYSTEM_DIRS = frozenset({"/", "/etc", "/root", "/home", "/var", "/var/lib", "/op
 # models.)
 SYSTEM_TREES = ("/bin", "/boot", "/dev", "/lib", "/lib32", "/lib64", "/proc", "/sbin", "/sys", "/usr/bin", "/usr/lib",
                 "/usr/lib64", "/usr/libexec", "/usr/sbin")
+
+
+def repeated(values: list) -> list:
+    """The values `values` holds more than once, sorted (for "listed twice" refusals)."""
+    return sorted({v for v in values if values.count(v) > 1})
 
 
 def in_system_tree(path: str) -> str | None:
@@ -625,7 +630,7 @@ class FrontDoor(Strict):
         duplicate location: "duplicate location", ngx_http_core_module), and ``/health`` among them: the front
         door's own compose healthcheck probes /health without the key (ds4deploy.render.compose), so without it the
         service never turns healthy."""
-        twice = sorted({p for p in v if v.count(p) > 1})
+        twice = repeated(v)
         if twice:
             raise ValueError(f"serving.front_door.allow lists {', '.join(twice)} more than once; nginx refuses two "
                              "'location =' blocks for one path at container start: list each path once")
@@ -790,7 +795,7 @@ class Serving(Strict):
                              "without the zone, or 0.0.0.0")
         if ip.version == 6 and ip.ipv4_mapped is not None:
             raise ValueError(f"an IPv4-mapped IPv6 address: write the IPv4 address {ip.ipv4_mapped}")
-        if ip.is_multicast or v == "255.255.255.255":
+        if no_server_there(ip):
             raise ValueError("a multicast or broadcast address: no server listens there")
         return v
 
@@ -959,7 +964,7 @@ class Fabric(Strict):
                              "netdev, so it belongs to exactly one rail (`ibdev2netdev` shows which)")
         # The inventory's ds4_rails address each rail by name, and each rail is one netdev's address and MTU.
         for what, values in (("name", [r.name for r in self.rails]), ("netdev", [r.netdev for r in self.rails])):
-            dup = sorted({v for v in values if values.count(v) > 1})
+            dup = repeated(values)
             if dup:
                 raise ValueError(f"fabric.rails use the {what} {', '.join(dup)} twice: each rail is one port, named "
                                  "once (the inventory's ds4_rails address rails by name)")
@@ -1502,7 +1507,7 @@ class GatewayRecipe(Strict):
     def _ipv4(cls, v: str) -> str:
         # nginx's `listen <address>:<port>` in the front door config: an IPv6 address would need brackets there.
         ip = ipaddress.IPv4Address(v)
-        if ip.is_multicast or v == "255.255.255.255":
+        if no_server_there(ip):
             raise ValueError("a multicast or broadcast address: no server listens there")
         return v
 
@@ -1514,7 +1519,7 @@ class GatewayRecipe(Strict):
     @model_validator(mode="after")
     def _consistent(self) -> GatewayRecipe:
         def twice(names: list[str], what: str) -> None:
-            dup = sorted({n for n in names if names.count(n) > 1})
+            dup = repeated(names)
             if dup:
                 raise ValueError(f"{what} {', '.join(dup)} listed twice: list each once")
         twice([b.name for b in self.backends], "backend")
