@@ -108,9 +108,8 @@ def cmd_render(ns: argparse.Namespace) -> int:
             code=1,
         )
     for _, out in loaded:
-        for name in sorted(out.files):
-            if name.startswith("compose") and name.endswith(".yaml"):
-                render.compose_config(render.COMPOSE_DIR / out.recipe / name, fmt="quiet")
+        for name in render.compose_files_of(out):
+            render.compose_config(render.COMPOSE_DIR / out.recipe / name, fmt="quiet")
     print("renders are fresh, and docker compose accepts every compose file")
     return 0
 

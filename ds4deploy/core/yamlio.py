@@ -431,3 +431,15 @@ def load_json(path: Path | str, fix: str) -> Any:
         UserError: see `read_text` and `parse_json`.
     """
     return parse_json(read_text(path, "JSON file"), str(path), fix)
+
+
+class ComposeDumper(yaml.SafeDumper):
+    """A YAML dumper for the compose files the tool writes from data (the gateways', the engine checks'): a value
+    used twice is written as itself, not as an anchor and an alias, and list items are indented under their key
+    (yamllint's default indentation rule)."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        super().increase_indent(flow, False)

@@ -26,6 +26,28 @@ def engine_args(recipe: Recipe) -> list[str]:
     return vllm_args(recipe)
 
 
+def argv_check(recipe: Recipe, command: list[str], entrypoint: list[str]) -> list[str]:
+    """The entrypoint of the engine's own argument check for a container of `recipe` that runs `entrypoint` with
+    `command`: given the same command, it parses the server's arguments as the server would at start and exits
+    (docs/architecture.md, "The engine's own argument check"): 0 accepted, 3 no parser in the image (vLLM only), any
+    other status refused, with the engine's message.
+
+    Raises:
+        ValueError: `command` does not hold the recipe's engine.entrypoint (a render bug, not bad input).
+    """
+    if recipe.engine.family == "llamacpp":
+        from ds4deploy.engines.llamacpp import argv_check_entrypoint
+
+        return argv_check_entrypoint(entrypoint)
+    from ds4deploy.engines.vllm import argv_check_entrypoint as vllm_check
+
+    entry = recipe.engine.entrypoint
+    starts = [i for i in range(len(command) - len(entry) + 1) if command[i:i + len(entry)] == entry]
+    if not starts:
+        raise ValueError(f"the command {command[:6]} does not run the engine.entrypoint {entry}")
+    return vllm_check(starts[0] + len(entry))
+
+
 def engine_env(recipe: Recipe) -> dict[str, str]:
     """The engine's non-secret environment."""
     if recipe.engine.family == "llamacpp":

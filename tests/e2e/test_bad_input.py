@@ -4,9 +4,13 @@ can read are refused before any change in tests/e2e/test_refusal_order.py (which
 
 from __future__ import annotations
 
+import json
 import subprocess
+from pathlib import Path
 
+import httpx
 import pytest
+import yaml
 
 from tests.e2e.conftest import REPO, containers_of
 
@@ -116,3 +120,40 @@ def test_a_hand_edited_front_door_config_is_refused_as_stale(scratch):
     p = scratch.deploy(name)
     _assert_clean_failure(p, f"ds4-{name}", "front-door.conf.template differs from the recipe",
                           "fix: run `ds4deploy render`")
+
+
+def _stack_state() -> dict:
+    """The deployed cpu stack as it stands: its containers (id -> state), the files of its node stack folder (name ->
+    bytes) and its supervisor's recorded pid (None without one)."""
+    ids = subprocess.run(["docker", "ps", "-aq", "--no-trunc", "--filter", "label=io.ds4deploy.recipe=cpu"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    states = {i: subprocess.run(["docker", "inspect", "--format", "{{.State.Status}} {{.State.StartedAt}}", i],
+                                capture_output=True, text=True, check=True).stdout.strip() for i in ids}
+    stack = Path("/opt/ds4deploy/stacks/cpu")
+    files = {p.name: p.read_bytes() for p in sorted(stack.iterdir()) if p.is_file() and p.name != "supervise.json"}
+    record = stack / "supervise.json"
+    pid = json.loads(record.read_text())["pid"] if record.is_file() else None
+    return {"containers": states, "files": files, "supervisor": pid}
+
+
+def test_a_redeploy_the_engine_would_refuse_leaves_the_running_stack_as_it_was(scratch):
+    """`make deploy RECIPE=cpu` of a recipe whose engine argument vLLM refuses (seed: lots), over the running cpu
+    stack: the engine's own parser refuses it on the node before anything changes (roles/stack/tasks/engine_check.yml,
+    in the play before the supervisor is paused), quoting vLLM; the stack's containers, its node files and its
+    supervisor are exactly as before, and it still answers."""
+    before = _stack_state()
+    assert before["containers"] and all(s.startswith("running") for s in before["containers"].values()), before
+    data = yaml.safe_load((REPO / "recipes" / "cpu.yaml").read_text())
+    data["serving"]["extra_args"]["seed"] = "lots"
+    name = scratch.write("cpu", data)
+    p = scratch.deploy(name)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0, out[-3000:]
+    assert "the engine on localhost refuses the arguments recipes/cpu.yaml gives it" in out, out[-3000:]
+    assert "vllm serve: error: argument --seed: invalid int value: 'lots'" in out, out[-3000:]
+    assert "Nothing of the stack changed on any node" in out and "Traceback" not in out
+    assert "supervisor was stopped" not in out
+    assert _stack_state() == before
+    key = (Path("/etc/ds4deploy/secrets/cpu.env").read_text().split("VLLM_API_KEY=", 1)[1]).split()[0]
+    r = httpx.get("http://127.0.0.1:8000/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=30)
+    assert r.status_code == 200, r.text

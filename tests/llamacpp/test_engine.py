@@ -20,10 +20,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from ds4deploy.engines.llamacpp import HEALTH_PATH, server_args
 from ds4deploy.recipe.load import all_recipes
 from tests.support.ports import free_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 KEY = "ds4-engine-check-key"
 LOAD_TIMEOUT_S = 180
@@ -181,3 +184,39 @@ def test_flag_registry_matches_the_built_server(llamacpp_image):
     registry = set(known_flags())
     assert printed - registry == set(), f"--help flags missing from the registry: {sorted(printed - registry)}"
     assert registry - printed == set(), f"registry flags --help does not print: {sorted(registry - printed)}"
+
+
+def _engine_check(image: str, edit=None) -> subprocess.CompletedProcess:
+    """The deploy's argument check of the cpu-llamacpp recipe (its committed compose/cpu-llamacpp/engine-check.yaml,
+    given to `docker compose -f - run` on stdin as roles/stack/tasks/engine_check.yml does), in the real
+    llama-server image, with `edit` applied to the engine's command."""
+    check = yaml.safe_load((REPO / "compose" / "cpu-llamacpp" / "engine-check.yaml").read_text())
+    svc = check["services"]["engine"]
+    assert svc["image"] == image
+    if edit:
+        svc["command"] = edit(svc["command"])
+    return subprocess.run(["docker", "compose", "-f", "-", "run", "--rm", "--no-deps", "-T", "engine"],
+                          input=yaml.safe_dump(check), capture_output=True, text=True, timeout=300, check=False,
+                          env={**os.environ, "DS4_SECRETS_ENV": "/dev/null"})
+
+
+def test_the_deploys_argument_check_accepts_the_render_and_refuses_what_llama_server_refuses(llamacpp_image):
+    """llama-server parses every argument before it answers --help: the committed command passes (exit 0, usage
+    printed); a word for a number, an unknown option and a tensor override to a buffer type this build has no
+    device for each fail with llama-server's own message, the line the deploy quotes."""
+    ok = _engine_check(llamacpp_image)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "--ctx-size" in ok.stdout
+
+    def swap(flag: str, value: str):
+        return lambda cmd: [*cmd[:cmd.index(flag) + 1], value, *cmd[cmd.index(flag) + 2:]]
+
+    for edit, message in (
+            (swap("-c", "lots"), 'error while handling argument "-c"'),
+            (lambda cmd: [*cmd, "--no-such-option-ds4"], "error: invalid argument: --no-such-option-ds4"),
+            (lambda cmd: [*cmd, "-ot", "exps=CUDA0"], 'error while handling argument "-ot"')):
+        p = _engine_check(llamacpp_image, edit)
+        assert p.returncode != 0, (message, p.stdout[-500:])
+        assert message in p.stderr, (message, p.stderr[-2000:])
+    assert subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project="
+                           "ds4-cpu-llamacpp-engine-check"], capture_output=True, text=True).stdout == ""

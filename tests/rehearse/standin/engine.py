@@ -12,7 +12,8 @@ tests/rehearse/expect.py from compose/<recipe>/):
   daemon/nvidia_linux.go, setNvidiaGPUs: Count -1 -> "all");
 - mounts: /model read-only with the model's files, the cache volume; devices (character devices under each rendered
   device path); ulimits (memlock, stack).
-It prints one line ``ds4-rehearse-check {json}`` and exits 1 when a check failed. Otherwise a head answers
+It prints one line ``ds4-rehearse-check {json}`` and exits 1 when a check failed; given ``--help`` last (the deploy's
+argument check of a llama.cpp recipe), it checks the rest and exits 0. Otherwise a head answers
 GET /health, GET /v1/models (the served name) and POST /v1/completions (one token) on the rendered --host/--port
 and listens on the master port; a headless worker logs the line vLLM's headless path logs (the deploy's ready
 marker) and waits.
@@ -166,11 +167,18 @@ def serve(host: str, port: int, served: str, key: str | None) -> None:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
+    # The deploy's argument check of a llama.cpp recipe runs the container's command with --help appended
+    # (ds4deploy.engines.llamacpp.argv_check_entrypoint), in a container without the key, the cache volume or a
+    # network (ds4deploy.render.compose.engine_check): its argv is checked, then answered as llama-server answers
+    # --help, exit 0, nothing served.
+    usage = argv[-1:] == ["--help"]
+    if usage:
+        argv = argv[:-1]
     expect = json.loads(EXPECT.read_text())
     values: dict[str, str] = {}
     role, problems = check_argv(argv, expect, values)
     report: dict = {"role": role, "argv": argv}
-    if role is not None:
+    if role is not None and not usage:
         spec = expect["roles"][role]
         report["engine_args"] = argv[spec["engine_args_from"]:]
         problems += check_env(spec, values)
@@ -181,6 +189,9 @@ def main(argv: list[str]) -> int:
     print("ds4-rehearse-check " + json.dumps(report, sort_keys=True), flush=True)
     if problems:
         return 1
+    if usage:
+        print("usage: llama-server [options] (rehearsal stand-in: the arguments match the render)", flush=True)
+        return 0
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     spec = expect["roles"][role]
     if spec["worker"]:
