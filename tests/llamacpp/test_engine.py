@@ -209,7 +209,10 @@ def test_the_deploys_argument_check_accepts_the_render_and_refuses_what_llama_se
     assert "--ctx-size" in ok.stdout
 
     def swap(flag: str, value: str):
-        return lambda cmd: [*cmd[:cmd.index(flag) + 1], value, *cmd[cmd.index(flag) + 2:]]
+        def edit(cmd: list[str]) -> list[str]:
+            i = cmd.index(flag, cmd.index("llama-server"))  # the key shim before it has a -c of its own
+            return [*cmd[:i + 1], value, *cmd[i + 2:]]
+        return edit
 
     for edit, message in (
             (swap("-c", "lots"), 'error while handling argument "-c"'),
