@@ -12,7 +12,9 @@ Restart=on-failure) or in the foreground.
 What counts as a failure, checked every `interval_s`:
 
 - ``engine-down``: a node's engine container is not running (exited, killed, removed);
-- ``unhealthy``: the head's GET /health fails or is not 200 `failures_to_restart` times in a row;
+- ``unhealthy``: the head's GET /health fails or is not 200 `failures_to_restart` times in a row; one that only
+  answers late counts when the engine's progress counters (below) do not show it busy, since a saturated API server
+  answers /health late (journalled once as ``health-late``);
 - ``wedged``: /health answers but the engine is stuck: the "API up, pair stuck" state of an NCCL timeout
   (docs/sources.md#nccl-timeout-wedge). Busy is not stuck (docs/sources.md#supervisor-progress): every check reads
   the engine's own progress counters (`ds4deploy.operate.progress`, per engine family: vLLM's scheduler gauges and
@@ -103,10 +105,18 @@ def project_state(node: str, hostvars: dict, project: str) -> str:
         "missing" if proc.returncode == 0 else f"{UNKNOWN} ({proc.stderr.strip()[:100]})")
 
 
+# How `get_health` begins its detail when /health did not answer in time: `supervise` then asks the engine's progress
+# counters whether it is busy (a saturated API server answers late) before it counts a miss.
+HEALTH_LATE = "GET /health: no answer within"
+
+
 def get_health(url: str, timeout_s: float) -> tuple[bool, str]:
-    """GET <url>/health: (answered 200, "GET /health -> <status>" or the transport error's name)."""
+    """GET <url>/health: (answered 200, "GET /health -> <status>", `HEALTH_LATE` and the seconds when it did not
+    answer in time, or the transport error's name)."""
     try:
         r = httpx.get(f"{url}/health", timeout=timeout_s)
+    except httpx.TimeoutException:
+        return False, f"{HEALTH_LATE} {timeout_s:g} s"
     except httpx.HTTPError as exc:
         return False, f"GET /health: {type(exc).__name__}"
     return r.status_code == 200, f"GET /health -> {r.status_code}"
@@ -387,6 +397,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
     unreachable_since: float | None = None
     watch = ProgressWatch(policy.progress_bound_s)
     engine_state = None
+    late = False  # /health is answering late while the engine works (journalled once per such stretch)
     host = journal.context.get("host")
     log = journal.path.with_suffix(f".{host}.restart.log" if host else ".restart.log")
     journal.write("start", recipe=target.recipe.name, url=target.url,
@@ -418,7 +429,23 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
             reason, detail = "engine-down", describe_states(down)
         else:
             ok, detail = target.health()
-            if not ok:
+            busy = False
+            if not ok and detail.startswith(HEALTH_LATE):
+                # vLLM answers /health on the event loop that serves every request: saturated, it answers late
+                # (past 5 s on the 2-core CI host under 16 queued 1,024-token requests, 2026-12-03, and the group was
+                # restarted under its load). Late is a miss only when the engine's own counters do not show it busy.
+                reading, why = target.reading(policy.reading_timeout_s)
+                verdict = watch.judge(reading, clock(), why)
+                if verdict.state != engine_state:
+                    engine_state = verdict.state
+                    journal.write("engine", state=verdict.state, detail=verdict.detail)
+                busy = verdict.state == "busy"
+                if busy and not late:
+                    journal.write("health-late", detail=f"{detail}, while the engine works: {verdict.detail}")
+            late = busy
+            if busy:
+                misses = 0
+            elif not ok:
                 misses += 1
                 if misses >= policy.failures_to_restart:
                     reason = "unhealthy"

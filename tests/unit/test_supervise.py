@@ -16,7 +16,15 @@ import yaml
 from ds4deploy.core.errors import UserError
 from ds4deploy.operate.incidents import Incident
 from ds4deploy.operate.progress import Reading
-from ds4deploy.operate.supervisor import GAVE_UP_EXIT, Journal, Policy, make_targets, supervise, supervise_all
+from ds4deploy.operate.supervisor import (
+    GAVE_UP_EXIT,
+    HEALTH_LATE,
+    Journal,
+    Policy,
+    make_targets,
+    supervise,
+    supervise_all,
+)
 from ds4deploy.plan.nodes import Node
 from ds4deploy.recipe.load import load_recipe
 from ds4deploy.recipe.paths import REPO_ROOT
@@ -337,6 +345,50 @@ def test_a_late_metrics_answer_under_load_is_not_a_wedge(tmp_path):
                       cycles=40)
     assert rc == 0 and group.restarts == [] and group.probes == 0
     assert {e["state"] for e in events if e["event"] == "engine"} == {"busy"}
+
+
+@dataclass
+class LateHealthUnderLoad(BusyEngine):
+    """A busy engine whose API server answers /health late under its queue (as vLLM's did past 5 s on the 2-core CI
+    host, 2026-12-03, and the group was restarted under the load): from the second check on, /health times out."""
+
+    def health(self, timeout_s: float = 5) -> tuple[bool, str]:
+        self.checks += 1
+        if self.checks == 1:
+            return True, "GET /health -> 200"
+        self.clock.now += timeout_s
+        return False, f"{HEALTH_LATE} {timeout_s:g} s"
+
+
+def test_a_late_health_answer_while_the_engine_works_is_not_a_failure(tmp_path):
+    group = LateHealthUnderLoad(FakeClock(), script=[])
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+                      cycles=40)
+    assert rc == 0 and group.restarts == [] and group.probes == 0
+    late = [e for e in events if e["event"] == "health-late"]
+    assert len(late) == 1 and late[0]["detail"].startswith(f"{HEALTH_LATE} 5 s, while the engine works"), late
+
+
+def test_a_late_health_answer_is_a_failure_when_the_counters_stop(tmp_path):
+    # Running and queued but frozen: once no counter moved for the bound, late /health answers are misses again.
+    group = LateHealthUnderLoad(FakeClock(), script=[], step=0.0)
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+                      cycles=40)
+    assert rc == 0
+    failure = next(e for e in events if e["event"] == "failure")
+    assert failure["reason"] == "unhealthy" and failure["detail"].startswith(HEALTH_LATE), failure
+    assert group.restarts
+
+
+def test_a_late_health_answer_of_an_idle_engine_is_a_failure(tmp_path):
+    group = LateHealthUnderLoad(FakeClock(), script=[], step=0.0, waiting=0.0)
+    group.reading = lambda timeout_s=5: (IDLE, "")  # nothing running or queued: nothing explains the late answer
+    group.progress = lambda timeout_s: (True, "one-token completion in 0.01 s")  # its first, healthy check
+    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+                      cycles=3)
+    assert rc == 0
+    assert [e["reason"] for e in events if e["event"] == "failure"][:1] == ["unhealthy"]
+    assert not [e for e in events if e["event"] == "health-late"]
 
 
 @dataclass
