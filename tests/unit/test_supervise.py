@@ -360,9 +360,13 @@ class LateHealthUnderLoad(BusyEngine):
         return False, f"{HEALTH_LATE} {timeout_s:g} s"
 
 
+# Five restarts an hour allowed, and a work in progress judged stuck after 120 s without a counter moving.
+LATE_POLICY = Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120)
+
+
 def test_a_late_health_answer_while_the_engine_works_is_not_a_failure(tmp_path):
     group = LateHealthUnderLoad(FakeClock(), script=[])
-    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+    rc, events = _run(tmp_path, group, LATE_POLICY,
                       cycles=40)
     assert rc == 0 and group.restarts == [] and group.probes == 0
     late = [e for e in events if e["event"] == "health-late"]
@@ -372,7 +376,7 @@ def test_a_late_health_answer_while_the_engine_works_is_not_a_failure(tmp_path):
 def test_a_late_health_answer_is_a_failure_when_the_counters_stop(tmp_path):
     # Running and queued but frozen: once no counter moved for the bound, late /health answers are misses again.
     group = LateHealthUnderLoad(FakeClock(), script=[], step=0.0)
-    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+    rc, events = _run(tmp_path, group, LATE_POLICY,
                       cycles=40)
     assert rc == 0
     failure = next(e for e in events if e["event"] == "failure")
@@ -384,7 +388,7 @@ def test_a_late_health_answer_of_an_idle_engine_is_a_failure(tmp_path):
     group = LateHealthUnderLoad(FakeClock(), script=[], step=0.0, waiting=0.0)
     group.reading = lambda timeout_s=5: (IDLE, "")  # nothing running or queued: nothing explains the late answer
     group.progress = lambda timeout_s: (True, "one-token completion in 0.01 s")  # its first, healthy check
-    rc, events = _run(tmp_path, group, Policy(**POLICY, max_restarts=5, window_s=3600, progress_bound_s=120),
+    rc, events = _run(tmp_path, group, LATE_POLICY,
                       cycles=3)
     assert rc == 0
     assert [e["reason"] for e in events if e["event"] == "failure"][:1] == ["unhealthy"]
