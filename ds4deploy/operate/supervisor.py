@@ -398,6 +398,17 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
     watch = ProgressWatch(policy.progress_bound_s)
     engine_state = None
     late = False  # /health is answering late while the engine works (journalled once per such stretch)
+
+    def judged():
+        """This check's verdict on the engine's progress counters, its state journalled when it changed."""
+        nonlocal engine_state
+        reading, why = target.reading(policy.reading_timeout_s)
+        verdict = watch.judge(reading, clock(), why)
+        if verdict.state != engine_state:
+            engine_state = verdict.state
+            journal.write("engine", state=verdict.state, detail=verdict.detail)
+        return verdict
+
     host = journal.context.get("host")
     log = journal.path.with_suffix(f".{host}.restart.log" if host else ".restart.log")
     journal.write("start", recipe=target.recipe.name, url=target.url,
@@ -434,11 +445,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                 # vLLM answers /health on the event loop that serves every request: saturated, it answers late
                 # (past 5 s on the 2-core CI host under 16 queued 1,024-token requests, 2026-12-03, and the group was
                 # restarted under its load). Late is a miss only when the engine's own counters do not show it busy.
-                reading, why = target.reading(policy.reading_timeout_s)
-                verdict = watch.judge(reading, clock(), why)
-                if verdict.state != engine_state:
-                    engine_state = verdict.state
-                    journal.write("engine", state=verdict.state, detail=verdict.detail)
+                verdict = judged()
                 busy = verdict.state == "busy"
                 if busy and not late:
                     journal.write("health-late", detail=f"{detail}, while the engine works: {verdict.detail}")
@@ -451,11 +458,7 @@ def supervise(target: Target, policy: Policy, journal: Journal, max_cycles: int 
                     reason = "unhealthy"
             else:
                 misses = 0
-                reading, why = target.reading(policy.reading_timeout_s)
-                verdict = watch.judge(reading, clock(), why)
-                if verdict.state != engine_state:
-                    engine_state = verdict.state
-                    journal.write("engine", state=verdict.state, detail=verdict.detail)
+                verdict = judged()
                 now = clock()
                 if verdict.state == "stalled":
                     reason, detail = "wedged", f"{detail}, but {verdict.detail}"

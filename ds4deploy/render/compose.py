@@ -298,20 +298,19 @@ def engine_check_file(compose_file: str) -> str:
     return ENGINE_CHECK_PREFIX + compose_file.removeprefix("compose")
 
 
-def engine_check(recipe: Recipe, compose_text: str) -> str:
-    """The engine check's compose file for one rendered compose file (`compose_text`): its engine services only, each
+def engine_check(recipe: Recipe, doc: dict) -> str:
+    """The engine check's compose file for one rendered compose file (`doc`, parsed): its engine services only, each
     with the node's command, environment, mounts of the model, devices and limits as rendered, but the entrypoint of
     the engine's own argument check (`ds4deploy.engines.argv_check`), no network, no published port, no healthcheck,
     restart policy, labels or cache volume, in a compose project of its own (``<project>-engine-check``), so it
     touches nothing of a running stack. The deploy runs it on each node before that node's stack changes
     (ansible/roles/stack/tasks/engine_check.yml: ``docker compose -f - run --rm --no-deps <service>``, the file on
-    stdin): it parses the command as the engine would at start, then exits. Derived from the compose text itself,
+    stdin): it parses the command as the engine would at start, then exits. Derived from the compose file itself,
     so the command it checks is the one the stack runs, byte for byte (``$$`` and ``${...}`` kept as written).
 
     Raises:
         ValueError: a service's command does not run the recipe's engine (a render bug, not bad input).
     """
-    doc = yaml.safe_load(compose_text)
     services = {}
     for name, svc in doc["services"].items():
         if svc.get("image") != recipe.image_ref:
@@ -471,7 +470,7 @@ def render(recipe: Recipe) -> Rendered:
             for name, digest in hashes[out].items():
                 text = text.replace(_SHA_MARK.format(name), digest)
             files[out] = text
-            files[engine_check_file(out)] = engine_check(recipe, text)
+            files[engine_check_file(out)] = engine_check(recipe, doc)
         files["deploy-vars.yml"] = _ENV.get_template("deploy-vars.yml.j2").render({**base, "service_sha256": hashes})
     except (TemplateError, TypeError) as exc:  # TypeError: a value `q` cannot write (e.g. an undefined name)
         raise UserError(
