@@ -225,11 +225,12 @@ multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/mult
 # `make test`'s last phase, after tests/multinode (the one tier that restarts the Docker daemon): `make llamacpp` (the
 # llamacpp-cpu image the llama.cpp lanes serve with, labelled as a deploy labels it) and the gateway's router image,
 # each built once, then four lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp on this machine: ports 8020/8021),
-# `make e2e-office` (the recipe's lan variant on two stand-in hosts with their own /etc/ds4deploy and /opt/ds4deploy
-# and Docker daemons; its supervisor, journal and incident folder on this machine are named after the variant; the
+# `make e2e-office` (the cpu recipe's lan variant on two stand-in hosts with their own /etc/ds4deploy and
+# /opt/ds4deploy and Docker daemons; its supervisor, journal and incident folder on this machine are named after the variant; the
 # office gateway on 8030-8032; .cache/office.log), `make e2e-gateway` (its backends on 18121-18123, the gateway on
 # 18140-18142; .cache/gateway.log) and tests/offline (the cpu recipe from a bundle on its own ports, the engine-cpu
-# image removed and loaded again, which no other lane runs; .cache/offline.log). None takes a fingerprint of the host
+# image removed and loaded again, within a turn at the Docker daemon (tests/support/host_docker.py) that the office
+# lane takes too to stream that image into its hosts; .cache/offline.log). None takes a fingerprint of the host
 # or restarts the Docker daemon; their stacks, key files, supervisors and incident folders are their own.
 # tests/offline blocks outbound network (iptables OUTPUT, all but loopback, the Docker bridges and the stand-in hosts'
 # links) for its deploy: the others need none once their images are built, which is why the images come first.
@@ -297,15 +298,17 @@ e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front o
 	@$(call TIER,e2e-gateway) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/gateway
 
 # The office of docs/gateway.md (tests/office): two stand-in hosts (the rehearsal's nodes: namespaces with Docker
-# daemons of their own, each linked to this machine as box-a/box-b.office.lan), `make deploy RECIPE=cpu-llamacpp--lan`
-# on both, `make deploy RECIPE=office` here in front of them, then status, sessions spread and kept, usage, a host's
-# stack killed (its sessions move on; its supervisor brings it back and the router takes it again), `make down` of
-# both. Root; needs the llamacpp-cpu image (`make llamacpp`), the front door image and the router image. Runs beside
+# daemons of their own, each linked to this machine as box-a/box-b.office.lan), `make deploy RECIPE=cpu--lan` (two
+# real vLLM servers) on both, `make deploy RECIPE=office` here in front of them, then status, sessions spread and kept, usage, a host's
+# stack killed (its sessions move on; its supervisor brings it back and the router takes it again), the conformance
+# matrix through the gateway, `make down` of both. Root; needs the engine-cpu image and the front door image (`make
+# deploy RECIPE=cpu`) and the router image. Runs beside
 # e2e-llamacpp-steps in `make test` (last-lanes): the hosts' key files and stack files are their own, and this
 # machine's supervisor record, install, journal and incident folder are named after the variant.
-# On the 2-core machine (2026-12-03): alone 275 s; beside e2e-llamacpp-steps 372 s, 8 passed (the two deploys 94 +
-# 50 s, box-a back through the gateway 44 s after its stack was killed); in make test's four lanes 688 s.
-e2e-office: venv ## the office gateway in front of cpu-llamacpp--lan deployed on two stand-in hosts
+# On the 2-core machine (2026-12-04, vLLM backends): alone 488 s; 542 s, 9 passed, beside the unit tests (images into
+# both hosts 135 s, the two deploys 150 + 36 s, box-a back through the gateway 63 s after its stack was killed, the
+# conformance matrix 22 s, teardown 81 s). With cpu-llamacpp backends it was 275 s alone, 688 s in make test's lanes.
+e2e-office: venv ## the office gateway in front of cpu--lan (vLLM) deployed on two stand-in hosts
 	@$(call TIER,e2e-office) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/office
 
 # The gateway's added TTFT and its memory: one real backend and two gateways over it (SMG, nginx router), started as

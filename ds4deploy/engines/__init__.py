@@ -41,11 +41,21 @@ def argv_check(recipe: Recipe, command: list[str], entrypoint: list[str]) -> lis
         return argv_check_entrypoint(entrypoint)
     from ds4deploy.engines.vllm import argv_check_entrypoint as vllm_check
 
+    return vllm_check(engine_args_start(recipe, command))
+
+
+def engine_args_start(recipe: Recipe, command: list[str]) -> int:
+    """Index in a rendered container `command` of the engine's own first argument: the item after the first run of
+    the recipe's engine.entrypoint (which a key shim may precede).
+
+    Raises:
+        ValueError: `command` does not hold the recipe's engine.entrypoint (a render bug, not bad input).
+    """
     entry = recipe.engine.entrypoint
     starts = [i for i in range(len(command) - len(entry) + 1) if command[i:i + len(entry)] == entry]
     if not starts:
         raise ValueError(f"the command {command[:6]} does not run the engine.entrypoint {entry}")
-    return vllm_check(starts[0] + len(entry))
+    return starts[0] + len(entry)
 
 
 def engine_env(recipe: Recipe) -> dict[str, str]:

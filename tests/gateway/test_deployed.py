@@ -43,13 +43,13 @@ import httpx
 import pytest
 import yaml
 
-from ds4deploy.conformance import cases
 from ds4deploy.operate import nginx_reload
 from ds4deploy.operate.gateway_deploy import HEALTH_TIMEOUT_S, STACKS_ROOT
 from ds4deploy.operate.gateway_supervise import GatewayTarget
 from ds4deploy.operate.incidents import INCIDENTS_ROOT
 from ds4deploy.operate.supervisor import Policy
 from ds4deploy.render import gateway
+from tests.support import gateway_conformance
 from tests.support.gateway_usage import usage_table
 from tools.gateway_rig import (
     BACKEND_MODEL,
@@ -368,48 +368,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           check=False)
 
 
-# The matrix's cases but the tool-argument fidelity ones (args.*, messages.args.*: 18 cases, 72 rows, three quarters
-# of the matrix's time here, each model-dependent on the tiny model: they measure what the model writes into a call's
-# arguments, which the gateway passes through as it passes every other tool field). The whole matrix through the
-# gateway once (2026-12-02): 248 s, 38 pass, 0 fail, as on the stack.
-MATRIX_CASES = [c.name for c in cases.CASES if not c.name.startswith(("args.", "messages.args."))]
-
-
 def test_conformance_matrix_through_the_gateway(office, tmp_path) -> None:
     """`ds4deploy conformance` against the gateway's URL with a person's key, judged by the rules of the engine
     family behind it (the backends run the cpu-llamacpp recipe's argv, so the recipe names the family): the CLI
     fails no row, as on the cpu-llamacpp stack, and every row that passes in the stack's committed report
     (docs/results/conformance/cpu-llamacpp/) passes through the gateway too."""
     key_file = write_secret(tmp_path / "alice.env", f"VLLM_API_KEY={office['keys']['alice']}\n")
-    t0 = time.monotonic()
-    p = _cli("conformance", "cpu-llamacpp", "--url", office["url"], "--key-file", str(key_file), "--model",
-             "office-tiny", "--out", str(tmp_path / "report"), "--only", ",".join(MATRIX_CASES),
-             # One session, as Claude Code keeps one: every request on one backend (a seeded answer repeated on the
-             # other backend may differ: each llama-server's prompt cache and batches are its own).
-             "--header", f"x-claude-code-session-id: matrix-{secrets.token_hex(4)}")
-    report_file = tmp_path / "report" / "conformance.json"
-    assert report_file.is_file(), p.stdout[-2000:] + p.stderr[-2000:]
-    report = json.loads(report_file.read_text())
-    print(f"conformance through the gateway: {time.monotonic() - t0:.0f} s, {report['counts']}")
-    assert report["engine_family"] == "llamacpp" and report["url"] == office["url"]
-    failed = [(r["case"], r["mode"], r["evidence"][:200]) for r in report["results"] if r["verdict"] == "fail"]
     # A streamed /v1/messages answer that llama-server opened without message_start (its first token held back
     # inside a UTF-8 character: 3 of 50 streams on a backend directly, 2 of 50 through the gateway) is the llama.cpp
     # family's named finding (engine_rules "stream-without-message-start"), not a failed row.
+    p, report, lost = gateway_conformance.through_gateway(
+        "cpu-llamacpp", office["url"], key_file, "office-tiny", tmp_path / "report",
+        findings=("stream-without-message-start",))
+    assert report["engine_family"] == "llamacpp" and report["url"] == office["url"]
+    failed = [(r["case"], r["mode"], r["evidence"][:200]) for r in report["results"] if r["verdict"] == "fail"]
     assert p.returncode == 0 and not failed, (p.returncode, failed)
-    stack = json.loads((REPO / "docs" / "results" / "conformance" / "cpu-llamacpp" / "conformance.json").read_text())
-    here = {(r["case"], r["mode"]): r for r in report["results"]}
-    stack_rows = [r for r in stack["results"] if r["case"] in MATRIX_CASES]
-    assert set(here) == {(r["case"], r["mode"]) for r in stack_rows}
-    for r in stack_rows:
-        if here[r["case"], r["mode"]]["verdict"] != r["verdict"]:
-            print(f"  {r['case']} [{r['mode']}]: {r['verdict']} on the stack, {here[r['case'], r['mode']]['verdict']} "
-                  f"here: {here[r['case'], r['mode']]['evidence'][:200]}")
-    lost = [(r["case"], r["mode"], here[r["case"], r["mode"]]["verdict"], here[r["case"], r["mode"]]["evidence"][:160])
-            for r in stack_rows if r["verdict"] == "pass" and here[r["case"], r["mode"]]["verdict"] != "pass"
-            and here[r["case"], r["mode"]].get("rule") != "stream-without-message-start"]
     assert not lost, lost
-    assert office["keys"]["alice"] not in p.stdout + p.stderr + report_file.read_text()
+    assert office["keys"]["alice"] not in p.stdout + p.stderr + (tmp_path / "report" / "conformance.json").read_text()
 
 
 def _router_workers(office) -> dict[str, str]:

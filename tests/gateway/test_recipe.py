@@ -60,7 +60,8 @@ def refused(p: subprocess.CompletedProcess, *words: str) -> None:
 def test_office_loads_and_resolves_both_backends() -> None:
     gw = gateway.load_gateway("office")
     backends = gateway.resolve_backends(gw)
-    assert [b.url for b in backends] == ["http://box-a.office.lan:8020", "http://box-b.office.lan:8020"]
+    # Each URL is the host the recipe names at the port its backend's recipe serves on (cpu--lan: 8000).
+    assert [b.url for b in backends] == ["http://box-a.office.lan:8000", "http://box-b.office.lan:8000"]
     assert backends[0].identity == backends[1].identity
     assert backends[0].models[0] == "ds4-tiny"
 

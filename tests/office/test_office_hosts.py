@@ -1,5 +1,6 @@
 """The office of docs/gateway.md, deployed here as an office deploys it (`make e2e-office`, which `make test` runs
-in a lane of its own beside the llama.cpp lane's cpu-llamacpp deploy on this machine: Makefile `last-lanes`).
+in a lane of its own beside the llama.cpp lane's cpu-llamacpp deploy and tests/offline's cpu deploy on this machine:
+Makefile `last-lanes`).
 
 Two hosts of an office network stand in as the rehearsal's stand-in nodes (tests/rehearse/nodes.py: per host a
 network namespace, a mount namespace and its own Docker daemon), each with its own /etc/ds4deploy and /opt/ds4deploy
@@ -7,22 +8,23 @@ network namespace, a mount namespace and its own Docker daemon), each with its o
 of its own (`nodes.link_to_host`) and named as the committed recipes/gateways/office.yaml names them
 (box-a.office.lan, box-b.office.lan, in /etc/hosts for the run). Then, with the product's targets only:
 
-1. `make deploy RECIPE=cpu-llamacpp--lan INVENTORY=<the two hosts>`: one deploy, a complete stack on each host (a
-   one-node recipe's inventory of two hosts: `ds4deploy.plan.nodes.plan`), the real llama-server image and tiny
-   GGUF, each host's front door listening on the office network and accepting the gateway key beside the
+1. `make deploy RECIPE=cpu--lan INVENTORY=<the two hosts>`: one deploy, a complete stack on each host (a one-node
+   recipe's inventory of two hosts: `ds4deploy.plan.nodes.plan`), the real vLLM CPU image and tiny model, each
+   host's front door listening on the office network and accepting the gateway key beside the
    deployment's own (the key files as docs/gateway.md "Backends" has an owner write them), its supervisor started;
 2. `make deploy RECIPE=office INVENTORY=<this host in group gateway, and the two hosts>`: the gateway on this
    machine, its deploy checking that each backend's recipe runs on its host (read through that host's Docker) and
    answers with the gateway key.
 
-Proven: a gateway deploy before its backends refused, and the stack's deploy on a host that runs its base recipe (one
-compose project) refused with nothing started on either host, `make status` of both, 12 sessions x 3 turns spread over
-both hosts with every turn of a session on one host, per-person usage equal to the requests made, a revoked key refused
-at once, a host whose stack dies taking none of the next turns of its sessions (each answered by the other, none
+Proven, on two real vLLM servers: a gateway deploy before its backends refused, and the stack's deploy on a host that
+runs its base recipe (one compose project) refused with nothing started on either host, `make status` of both, 12
+sessions x 3 turns spread over both hosts with every turn of a session on one host, per-person usage equal to the
+requests made and the tokens served, a revoked key refused at once, the client conformance matrix through the gateway as
+on one stack, a host whose stack dies taking none of the next turns of its sessions (each answered by the other, none
 failing) and coming back by its own supervisor (box-b never restarted), then `make down` of the gateway and of the two
 hosts, each saving its logs first. The loopback gateway's tests (tests/gateway) prove the rest on backends the rig
-starts with the same image, argv and front door (the conformance matrix through the door, drain and rejoin, fallback,
-the router's restart by its supervisor, token counts per person): not repeated here.
+starts with the cpu-llamacpp recipe's image, argv and front door (the llama.cpp family through a gateway, drain and
+rejoin, fallback, the router's restart by its supervisor, token counts per person): not repeated here.
 """
 
 from __future__ import annotations
@@ -50,19 +52,20 @@ from ds4deploy.recipe.paths import REPO_ROOT
 from ds4deploy.render import front_door, gateway
 from ds4deploy.render.compose import project_name
 from tests.rehearse import nodes
-from tests.support import host_docker
+from tests.support import gateway_conformance, host_docker
 from tests.support.gateway_usage import usage_table
 from tests.support.images import context_label
 from tools.gateway_rig import write_secret
 
-RECIPE = "cpu-llamacpp--lan"
+RECIPE = "cpu--lan"
 GATEWAY = "office"
 STACK = load_recipe(RECIPE)
 OFFICE = gateway.load_gateway(GATEWAY)
 # The recipe's hosts, in the gateway recipe's order, each stood in by one node: box-a.office.lan by node-a, ...
 HOSTS = {b.host: node for b, node in zip(OFFICE.backends, nodes.NAMES, strict=True)}
 # What a host apart from the control host has of its own: the key files and the stack's files (ansible/group_vars/
-# all.yml ds4_node_stack_dir) are each host's, not this machine's, whose cpu-llamacpp deploy runs beside this test.
+# all.yml ds4_node_stack_dir) are each host's, not this machine's, whose cpu-llamacpp and cpu deploys run beside
+# this test.
 HOST_OWN = ("/etc/ds4deploy", "/opt/ds4deploy")
 MODEL = STACK.model.served_name
 PEOPLE = tuple(p.name for p in OFFICE.people)
@@ -70,8 +73,8 @@ BIN = Path(sys.executable).parent
 REHEARSE = REPO_ROOT / "tests" / "rehearse"
 # /etc/hosts lines of this run, between these two markers (removed at its end, nothing else touched).
 HOSTS_BEGIN, HOSTS_END = "# ds4deploy tests/office: begin", "# ds4deploy tests/office: end"
-# Seconds the stack's deploy on the two hosts may take: 69-74 s alone here, 81 s in make test's last phase
-# (2026-12-03); ten times that bounds a CI host much busier than ours and still ends a hung deploy.
+# Seconds the stack's deploy on the two hosts may take: 130-150 s here (2026-12-04, two vLLM stacks; the llama.cpp
+# stacks took 69-81 s); eight times that bounds a CI host much busier than ours and still ends a hung deploy.
 DEPLOY_TIMEOUT_S = 1200
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in hosts need root (namespaces, dockerd)")
@@ -144,21 +147,24 @@ class Office:
             "children": {"gateway": {"hosts": {"localhost": {}}}}}}, sort_keys=False))
         return stack, office
 
-    def up(self) -> None:
+    def images_here(self) -> None:
+        """Fails the run, naming the fix, when an image the hosts get from this machine is missing, or when the
+        engine image's context label is not the recipe's: the hosts' deploy keeps an image only with the recipe's
+        label (roles/image/tasks/build.yml; else it builds, with no registry or mirror here). `make deploy RECIPE=cpu`
+        builds it with that label."""
         missing = [ref for ref in (STACK.image_ref, front_door.IMAGE, router_image())
                    if subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode]
         if missing:
-            pytest.fail(f"{', '.join(missing)} not on this machine. Fix: `make llamacpp` (the llama-server image), "
-                        "`make deploy RECIPE=cpu` (the front door) and `ds4deploy gateway image` (the router)")
-        # The hosts get this machine's engine image, which their deploy keeps only when its context label is the
-        # recipe's (roles/image/tasks/build.yml; else it builds, with no registry or mirror here): `make llamacpp`
-        # builds it with that label (tests/llamacpp/conftest.py), as does a `make deploy RECIPE=cpu-llamacpp`.
+            pytest.fail(f"{', '.join(missing)} not on this machine. Fix: `make deploy RECIPE={STACK.base_name}` (the "
+                        "engine image and the front door) and `ds4deploy gateway image` (the router)")
         want = json.loads(subprocess.run([str(BIN / "ds4deploy"), "image", "context", RECIPE, "--dest",
                                           str(self.tmp / "context")], capture_output=True, text=True, check=True,
                                          timeout=600).stdout)["sha256"]
         if (label := context_label(STACK.image_ref)) != want:
-            pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: run `make llamacpp` "
-                        "(it builds the image again with that label, from its own layers)")
+            pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: `make deploy "
+                        f"RECIPE={STACK.base_name}` (it builds the image again with that label)")
+
+    def up(self) -> None:
         taken = [p for p in (Path(OFFICE.key_file), Path(OFFICE.people_key_file)) if p.exists()]
         if taken or _gateway_containers() or nodes.RUN.exists():
             pytest.skip(f"{', '.join(map(str, taken)) or 'the office gateway or stand-in nodes'} exist(s) already: "
@@ -177,7 +183,9 @@ class Office:
         addresses = nodes.link_to_host(self.nodes)
         self.made_hosts_file = True
         _hosts_file_add({host: addresses[node] for host, node in HOSTS.items()})
+        # tests/offline, in the lane beside, removes the engine image and loads it again from its bundle within a turn.
         with host_docker.turn():  # streams images out of this machine's daemon
+            self.images_here()
             nodes.load_images(self.nodes, [STACK.image_ref, front_door.IMAGE])
         print(f"\nhosts up and images loaded: {time.monotonic() - t0:.0f} s")
         # The keys as an owner leaves them (docs/gateway.md, "Backends"), on each host: the stack's own key (each
@@ -205,8 +213,8 @@ class Office:
 
     def before_the_backends(self) -> tuple[subprocess.CompletedProcess, subprocess.CompletedProcess]:
         """While box-a runs the base recipe (a stand-in container labelled as its render labels a deployment of
-        cpu-llamacpp, which listens on loopback only) and box-b nothing: `ds4deploy gateway vars office` (the first
-        step of its `make deploy`) and `make deploy RECIPE=cpu-llamacpp--lan` on both hosts (the variant shares the
+        cpu, which listens on loopback only) and box-b nothing: `ds4deploy gateway vars office` (the first
+        step of its `make deploy`) and `make deploy RECIPE=cpu--lan` on both hosts (the variant shares the
         base recipe's compose project), each refused; then the stand-in removed."""
         node = self.node(next(iter(HOSTS)))
         node.docker("run", "-d", "--name", "office-base-standin", "--network", "host",
@@ -333,7 +341,7 @@ def test_a_gateway_before_its_backends_is_refused(office) -> None:
 
 
 def test_the_stack_on_a_host_running_its_base_recipe_is_refused(office) -> None:
-    """`make deploy RECIPE=cpu-llamacpp--lan` while box-a runs cpu-llamacpp (one compose project: the deploy would take
+    """`make deploy RECIPE=cpu--lan` while box-a runs cpu (one compose project: the deploy would take
     its containers over under its supervisor): one message naming the host, the recipe and `make down`; neither host
     changed (box-b, whose checks passed, got nothing either)."""
     p = office.variant_refusal
@@ -364,11 +372,13 @@ def test_make_status_shows_both_hosts_and_the_gateway(deployed) -> None:
 def test_sessions_spread_over_both_hosts_and_stay(deployed) -> None:
     office = deployed
     """12 sessions x 3 turns, the 12 of a turn at once: every turn of a session answered by the host of its first
-    turn, both hosts used; then each person's usage equals the requests they made."""
+    turn, both hosts used; then each person's usage equals the requests they made and the tokens the vLLM backends
+    reported in their answers (prompt and completion)."""
     time.sleep(1.5)  # the door's access log is flushed at most 1 s after a request (flush=1s in the render)
     before = usage_table(GATEWAY)
     seen: dict[str, set[str]] = {}
     made: Counter = Counter()
+    served: Counter = Counter()
     for turn in range(3):
         with ThreadPoolExecutor(max_workers=12) as pool:
             rs = list(pool.map(lambda s: (s, chat(office, PEOPLE[s % 3], session=f"office-{s}")), range(12)))
@@ -376,6 +386,8 @@ def test_sessions_spread_over_both_hosts_and_stay(deployed) -> None:
             assert r.status_code == 200, (turn, s, r.status_code, r.text[:300])
             seen.setdefault(f"office-{s}", set()).add(r.headers["x-smg-routed-worker-id"])
             made[PEOPLE[s % 3]] += 1
+            served[PEOPLE[s % 3], "in"] += r.json()["usage"]["prompt_tokens"]
+            served[PEOPLE[s % 3], "out"] += r.json()["usage"]["completion_tokens"]
     split = {s: b for s, b in seen.items() if len(b) != 1}
     assert not split, f"sessions answered by two hosts: {split}"
     used = Counter(next(iter(b)) for b in seen.values())
@@ -384,7 +396,10 @@ def test_sessions_spread_over_both_hosts_and_stay(deployed) -> None:
     time.sleep(1.5)
     after = usage_table(GATEWAY)
     for person in PEOPLE:
-        assert after[person]["requests"] - before.get(person, {}).get("requests", 0) == made[person], person
+        was = before.get(person, {})
+        got = {k: after[person][k] - was.get(k, 0) for k in ("requests", "tokens_in", "tokens_out")}
+        want = {"requests": made[person], "tokens_in": served[person, "in"], "tokens_out": served[person, "out"]}
+        assert got == want, (person, got, want)
 
 
 def _journal() -> list[dict]:
@@ -424,6 +439,24 @@ def test_a_revoked_key_is_refused_at_once(deployed) -> None:
                               text=True, check=False, timeout=180)
         assert back.returncode == 0, back.stderr
     assert chat(office, "bob").status_code == 200
+
+
+def test_conformance_matrix_through_the_gateway(deployed, tmp_path) -> None:
+    """`ds4deploy conformance cpu--lan` against the office gateway's URL with a person's key, judged by the vLLM
+    family's rules (the recipe the backends run names the family): the CLI fails no row, and every row that passes in
+    the cpu stack's committed report (docs/results/conformance/cpu/) passes through the gateway too, but the one row
+    the variant changes by design: `exposure.keyless_routes` judges the recipe's bind address, and cpu--lan's front
+    door listens on the office network, where its /health answers without a key (a finding, not a failed row)."""
+    office = deployed
+    key_file = write_secret(tmp_path / "carol.env", f"VLLM_API_KEY={office.keys['carol']}\n")
+    p, report, lost = gateway_conformance.through_gateway(RECIPE, office.url, key_file, MODEL, tmp_path / "report")
+    assert report["engine_family"] == "vllm" and report["url"] == office.url, (report["engine_family"], report["url"])
+    failed = [(r["case"], r["mode"], r["evidence"][:200]) for r in report["results"] if r["verdict"] == "fail"]
+    assert p.returncode == 0 and not failed, (p.returncode, failed, p.stderr[-1000:])
+    exposure = next(r for r in report["results"] if r["case"] == "exposure.keyless_routes")
+    assert exposure["verdict"] == "finding" and f"recipe {RECIPE} binds 0.0.0.0" in exposure["evidence"], exposure
+    assert [row for row in lost if row[0] != "exposure.keyless_routes"] == []
+    assert office.keys["carol"] not in p.stdout + p.stderr + (tmp_path / "report" / "conformance.json").read_text()
 
 
 def test_a_dead_hosts_sessions_move_on_and_it_comes_back(deployed) -> None:

@@ -26,6 +26,7 @@ import yaml
 
 from ds4deploy.operate.key_file import parse_env_file
 from tests.rehearse.nodes import HOST_LINK
+from tests.support import host_docker
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
@@ -118,31 +119,34 @@ def test_offline_deploy_from_bundle_alone(bundle, tmp_path):
     """Fresh copy + bundle, no network: the deploy installs, loads, stages and serves."""
     meta = json.loads((bundle / "bundle.json").read_text())
     image = meta["images"][0]
-    # Nothing the deploy needs may be on the host already: no engine image, no model copy.
-    assert run(["docker", "image", "rm", "--force", image["ref"]]).returncode == 0
-    shutil.rmtree(DV["ds4_model_dir"], ignore_errors=True)
-    clone = _fresh_copy(tmp_path / "ds4deploy")
-    # pip must not find wheels anywhere but the bundle (this machine's pip.conf points at a local wheel dir).
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "DS4_", "VIRTUAL_ENV"))}
-    env |= {"PIP_CONFIG_FILE": os.devnull, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
-    try:
-        with network_blocked():
-            gen = run(["make", "deploy", "RECIPE=cpu", f"OFFLINE={bundle}"], cwd=clone, env=env, timeout=2400)
-            assert gen.returncode == 0, gen.stdout[-4000:] + gen.stderr[-3000:]
-            assert "bundle verified" in gen.stdout
-            # The image is the bundled one, byte for byte (same content-addressed id).
-            got = run(["docker", "image", "inspect", "--format", "{{.Id}}", image["ref"]]).stdout.strip()
-            assert got == image["id"]
-            # The wheelhouse alone made the venv (pip had no index and no other find-links).
-            assert (clone / ".venv" / "bin" / "ansible-playbook").is_file()
-            key = parse_env_file(Path(DV["ds4_key_file"]).read_text())["VLLM_API_KEY"]
-            r = httpx.post(f"http://127.0.0.1:{DV['ds4_port']}/v1/chat/completions", timeout=120,
-                           headers={"Authorization": f"Bearer {key}"},
-                           json={"model": DV["ds4_served_name"], "max_tokens": 8,
-                                 "messages": [{"role": "user", "content": "hello"}]})
-            assert r.status_code == 200, r.text
-            assert r.json()["usage"]["completion_tokens"] >= 1
-    finally:
-        down = run(["make", "down", "RECIPE=cpu"], cwd=clone, env=env, timeout=600)
-        assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
+    # The office lane beside (tests/office) streams this image into its stand-in hosts within a turn at this
+    # machine's Docker daemon: this test holds the turn from the image's removal until its stack is down again.
+    with host_docker.turn():
+        # Nothing the deploy needs may be on the host already: no engine image, no model copy.
+        assert run(["docker", "image", "rm", "--force", image["ref"]]).returncode == 0
+        shutil.rmtree(DV["ds4_model_dir"], ignore_errors=True)
+        clone = _fresh_copy(tmp_path / "ds4deploy")
+        # pip must not find wheels anywhere but the bundle (this machine's pip.conf points at a local wheel dir).
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "DS4_", "VIRTUAL_ENV"))}
+        env |= {"PIP_CONFIG_FILE": os.devnull, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
+        try:
+            with network_blocked():
+                gen = run(["make", "deploy", "RECIPE=cpu", f"OFFLINE={bundle}"], cwd=clone, env=env, timeout=2400)
+                assert gen.returncode == 0, gen.stdout[-4000:] + gen.stderr[-3000:]
+                assert "bundle verified" in gen.stdout
+                # The image is the bundled one, byte for byte (same content-addressed id).
+                got = run(["docker", "image", "inspect", "--format", "{{.Id}}", image["ref"]]).stdout.strip()
+                assert got == image["id"]
+                # The wheelhouse alone made the venv (pip had no index and no other find-links).
+                assert (clone / ".venv" / "bin" / "ansible-playbook").is_file()
+                key = parse_env_file(Path(DV["ds4_key_file"]).read_text())["VLLM_API_KEY"]
+                r = httpx.post(f"http://127.0.0.1:{DV['ds4_port']}/v1/chat/completions", timeout=120,
+                               headers={"Authorization": f"Bearer {key}"},
+                               json={"model": DV["ds4_served_name"], "max_tokens": 8,
+                                     "messages": [{"role": "user", "content": "hello"}]})
+                assert r.status_code == 200, r.text
+                assert r.json()["usage"]["completion_tokens"] >= 1
+        finally:
+            down = run(["make", "down", "RECIPE=cpu"], cwd=clone, env=env, timeout=600)
+            assert down.returncode == 0, down.stdout[-2000:] + down.stderr[-2000:]
 

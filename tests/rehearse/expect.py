@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from ds4deploy.engines import engine_args_start
 from ds4deploy.recipe.schema import Recipe
 from ds4deploy.render.compose import COMPOSE_DIR
 
@@ -43,7 +44,7 @@ def expectations(recipe: Recipe, model_files: list[str], compose_dir: Path = COM
         command = list(engine["command"])
         roles[file] = {
             "command": command,
-            "engine_args_from": command.index(recipe.engine.entrypoint[-1]) + 1,
+            "engine_args_from": engine_args_start(recipe, command),
             "environment": {k: str(v) for k, v in engine.get("environment", {}).items()},
             "api_key": bool(engine.get("env_file")),
             "gpus": _gpus(engine),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from ds4deploy.engines import engine_args_start
 from ds4deploy.recipe.load import all_recipes
 from ds4deploy.render.compose import node_files
 from tests.support.vllm_parser import parse_with_vllm, strip_fork_only
@@ -25,7 +26,7 @@ def parsed(engine_python) -> tuple[dict[str, dict], dict[str, dict]]:
     for r in (r for r in all_recipes() if r.engine.family == "vllm"):
         for file, services in node_files(r).items():
             for svc in services:
-                argv = svc.command[svc.command.index(r.engine.entrypoint[-1]) + 1:]
+                argv = svc.command[engine_args_start(r, svc.command):]
                 argv = [{"${DS4_NODE_RANK:?set by the deploy}": "1",
                          "${DS4_MASTER_ADDR:?set by the deploy}": "192.0.2.1"}.get(a, a) for a in argv]
                 argvs.append(strip_fork_only(argv, r.engine.fork_only_flags))

@@ -124,7 +124,7 @@ def test_the_good_shapes_the_checks_refine_still_load(tmp_path: Path) -> None:
     doc = _loopback_with_nginx(**{"backends.0.url": "http://[::1]:18121"})
     assert gateway.load_gateway(_write(tmp_path, doc)).backends[0].url == "http://[::1]:18121"
     gw = gateway.load_gateway(_write(tmp_path, _set(_doc("office"), "backends.0.host", "box-a.office.lan.")))
-    assert gateway.resolve_backends(gw)[0].url == "http://box-a.office.lan.:8020"
+    assert gateway.resolve_backends(gw)[0].url == "http://box-a.office.lan.:8000"
 
 
 def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:

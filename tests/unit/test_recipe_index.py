@@ -53,17 +53,16 @@ def test_every_gateway_recipe_has_a_row():
     assert gateways
     for p in gateways:
         assert f"| [{p.stem}](gateways/{p.name}) | " in text
-    # office.yaml: two cpu-llamacpp--lan hosts (the variant linked to its base recipe's file), their URLs derived from
-    # the recipe's serving.port, three people.
-    assert ("| box-a: [cpu-llamacpp--lan](cpu-llamacpp.yaml) at http://box-a.office.lan:8020; box-b: "
-            "[cpu-llamacpp--lan](cpu-llamacpp.yaml) at http://box-b.office.lan:8020 | ds4-tiny | 3 | 127.0.0.1:8030 |"
-            in text)
+    # office.yaml: two cpu--lan hosts (the variant linked to its base recipe's file), their URLs derived from the
+    # recipe's serving.port, three people.
+    assert ("| box-a: [cpu--lan](cpu.yaml) at http://box-a.office.lan:8000; box-b: "
+            "[cpu--lan](cpu.yaml) at http://box-b.office.lan:8000 | ds4-tiny | 3 | 127.0.0.1:8030 |" in text)
 
 
 def test_a_refused_gateway_recipe_stops_the_index_and_writes_nothing(recipe_dir):
     (recipe_dir / "gateways").mkdir()
     gw = (REPO / "recipes" / "gateways" / "office.yaml").read_text()
-    gw = gw.replace("recipe: cpu-llamacpp--lan", "recipe: nosuch")
+    gw = gw.replace("recipe: cpu--lan", "recipe: nosuch")
     (recipe_dir / "gateways" / "office.yaml").write_text(gw)
     p = run_cli("recipe", "index", env_dir=recipe_dir)
     assert p.returncode == 2 and "names recipe 'nosuch', which does not exist" in p.stderr, p.stderr
