@@ -299,15 +299,16 @@ e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front o
 
 # The office of docs/gateway.md (tests/office): two stand-in hosts (the rehearsal's nodes: namespaces with Docker
 # daemons of their own, each linked to this machine as box-a/box-b.office.lan), `make deploy RECIPE=cpu--lan` (two
-# real vLLM servers) on both, `make deploy RECIPE=office` here in front of them, then status, sessions spread and kept, usage, a host's
-# stack killed (its sessions move on; its supervisor brings it back and the router takes it again), the conformance
-# matrix through the gateway, `make down` of both. Root; needs the engine-cpu image and the front door image (`make
-# deploy RECIPE=cpu`) and the router image. Runs beside
-# e2e-llamacpp-steps in `make test` (last-lanes): the hosts' key files and stack files are their own, and this
-# machine's supervisor record, install, journal and incident folder are named after the variant.
+# real vLLM servers) on both, `make deploy RECIPE=office` here in front of them, then status, sessions spread and
+# kept, usage, the conformance matrix through the gateway, a host's stack killed (its sessions move on; its
+# supervisor brings it back and the router takes it again), `make down` of both. Root; needs the engine-cpu image and
+# the front door image (`make deploy RECIPE=cpu`) and the router image. Runs beside e2e-llamacpp-steps, e2e-gateway
+# and tests/offline in `make test` (last-lanes): the hosts' key files and stack files are their own, this machine's
+# supervisor record, install, journal and incident folder are named after the variant, and it takes turns with
+# tests/offline at the engine-cpu image (tests/support/host_docker.py).
 # On the 2-core machine (2026-12-04, vLLM backends): alone 488 s; 542 s, 9 passed, beside the unit tests (images into
 # both hosts 135 s, the two deploys 150 + 36 s, box-a back through the gateway 63 s after its stack was killed, the
-# conformance matrix 22 s, teardown 81 s). With cpu-llamacpp backends it was 275 s alone, 688 s in make test's lanes.
+# conformance matrix 19-22 s, teardown 81 s). With cpu-llamacpp backends it was 275 s alone, 688 s in make test's lanes.
 e2e-office: venv ## the office gateway in front of cpu--lan (vLLM) deployed on two stand-in hosts
 	@$(call TIER,e2e-office) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/office
 

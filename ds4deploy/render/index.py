@@ -161,7 +161,7 @@ def _cell(text: str) -> str:
 
 
 def _gateway_backends(gw: GatewayRecipe) -> str:
-    """A gateway's backends as the index shows them: ``box-a: cpu-llamacpp at http://box-a.office.lan:8000`` (the
+    """A gateway's backends as the index shows them: ``box-a: cpu--lan at http://box-a.office.lan:8000`` (the
     URL the router uses, derived from the recipe's serving.port) or ``a: http://10.0.0.5:8000 (office-tiny)``."""
     from ds4deploy.render.gateway import resolve_backends
 

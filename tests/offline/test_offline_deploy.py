@@ -2,10 +2,12 @@
 repository with no venv, no engine image, no model, and outbound network blocked (iptables), then a real request.
 
 Runs after the main deploy of `make test` has been torn down (it deploys the cpu recipe on that recipe's port), in
-`make test`'s last phase beside the llama.cpp and gateway lanes (Makefile `last-lanes`: their images are built
-first, so they need no outbound network while this test blocks it).
+`make test`'s last phase beside the llama.cpp, office and gateway lanes (Makefile `last-lanes`: their images are
+built first, so they need no outbound network while this test blocks it). The office lane streams the engine-cpu
+image into its stand-in hosts, so this test removes that image and loads it again within a turn at this machine's
+Docker daemon (tests/support/host_docker.py), which it gives back once the image is back.
 The network block is an iptables chain on OUTPUT that rejects everything but loopback, the Docker bridges and the
-links to the stand-in hosts of the llama.cpp lane's office gateway (tests/rehearse/nodes.py HOST_LINK: hosts on this
+links to the office lane's stand-in hosts (tests/rehearse/nodes.py HOST_LINK: hosts on this
 machine, not out of it), so pip, the model hub and registries are unreachable for the whole offline deploy; the test
 first proves the block works (PyPI must be unreachable) so the deploy cannot pass by reaching the network.
 """
@@ -120,8 +122,9 @@ def test_offline_deploy_from_bundle_alone(bundle, tmp_path):
     meta = json.loads((bundle / "bundle.json").read_text())
     image = meta["images"][0]
     # The office lane beside (tests/office) streams this image into its stand-in hosts within a turn at this
-    # machine's Docker daemon: this test holds the turn from the image's removal until its stack is down again.
-    with host_docker.turn():
+    # machine's Docker daemon: this test holds the turn from the image's removal until its deploy has loaded it again.
+    with contextlib.ExitStack() as turn:
+        turn.enter_context(host_docker.turn())
         # Nothing the deploy needs may be on the host already: no engine image, no model copy.
         assert run(["docker", "image", "rm", "--force", image["ref"]]).returncode == 0
         shutil.rmtree(DV["ds4_model_dir"], ignore_errors=True)
@@ -131,12 +134,14 @@ def test_offline_deploy_from_bundle_alone(bundle, tmp_path):
         env |= {"PIP_CONFIG_FILE": os.devnull, "ANSIBLE_FORCE_COLOR": "0", "ANSIBLE_NOCOLOR": "1"}
         try:
             with network_blocked():
-                gen = run(["make", "deploy", "RECIPE=cpu", f"OFFLINE={bundle}"], cwd=clone, env=env, timeout=2400)
+                gen = run(["make", "deploy", "RECIPE=cpu", f"OFFLINE={bundle}"], cwd=clone, env=env,
+                          timeout=host_docker.OFFLINE_DEPLOY_S)
                 assert gen.returncode == 0, gen.stdout[-4000:] + gen.stderr[-3000:]
                 assert "bundle verified" in gen.stdout
                 # The image is the bundled one, byte for byte (same content-addressed id).
                 got = run(["docker", "image", "inspect", "--format", "{{.Id}}", image["ref"]]).stdout.strip()
                 assert got == image["id"]
+                turn.close()  # the image is back: the office lane may stream it
                 # The wheelhouse alone made the venv (pip had no index and no other find-links).
                 assert (clone / ".venv" / "bin" / "ansible-playbook").is_file()
                 key = parse_env_file(Path(DV["ds4_key_file"]).read_text())["VLLM_API_KEY"]

@@ -1,10 +1,12 @@
-"""Turns at this machine's Docker daemon for the tiers `make test` runs side by side (tests/multinode beside
-tests/rehearse, Makefile `multinode-beside-rehearse`): tests/multinode's daemon restart case stops and starts the
-daemon, and the rehearsal builds its stand-in image in it and streams images out of it (`docker save`) while it
-sets up each recipe's nodes. Each holds `turn()` around those steps, so neither meets the daemon half-way through a
-restart. It is the one Docker lock of this machine's tests (tests/unit/test_owner_base_image.py takes it with
-flock(1) around each Docker change); it lives under /tmp (no host fingerprint reads it: tests/support/fingerprint.py
-ROOTS) and is released when its holder exits, however it exits (flock(2))."""
+"""Turns at this machine's Docker daemon for the tiers `make test` runs side by side: tests/multinode beside
+tests/rehearse (Makefile `multinode-beside-rehearse`), where tests/multinode's daemon restart case stops and starts
+the daemon, and the rehearsal builds its stand-in image in it and streams images out of it (`docker save`) while it
+sets up each recipe's nodes, so neither meets the daemon half-way through a restart; and tests/office beside
+tests/offline (Makefile `last-lanes`), where the office streams the engine-cpu image into its stand-in hosts and
+tests/offline removes that image and loads it again from its bundle. Each holds `turn()` around those steps. It is
+the one Docker lock of this machine's tests (tests/unit/test_owner_base_image.py takes it with flock(1) around each
+Docker change); it lives under /tmp (no host fingerprint reads it: tests/support/fingerprint.py ROOTS) and is
+released when its holder exits, however it exits (flock(2))."""
 
 from __future__ import annotations
 
@@ -21,6 +23,11 @@ LOCK = Path("/tmp/ds4-docker.lock")
 # stand-in, stream the images into each node: under 5 minutes on the 2-core machine, 2026-12-02) or the daemon
 # restart (its own bound is 120 s to stop plus 120 s to answer again); twice the longest seen, with room.
 WAIT_S = 900
+# Seconds tests/offline's offline deploy may take, while it holds its turn (the engine image removed until that deploy
+# has loaded it again from the bundle): the venv, Docker check and image load on a busy 2-core machine, 515-771 s for
+# the whole of tests/offline in make test's last phase (2026-12-03), three times that and more. tests/office waits as
+# long for its turn beside it.
+OFFLINE_DEPLOY_S = 2400
 
 
 @contextlib.contextmanager
