@@ -308,7 +308,8 @@ e2e-gateway: venv ## gateway recipes: render checks, then the gateway in front o
 # tests/offline at the engine-cpu image (tests/support/host_docker.py).
 # On the 2-core machine (2026-12-04, vLLM backends): alone 488 s; 542 s, 9 passed, beside the unit tests (images into
 # both hosts 135 s, the two deploys 150 + 36 s, box-a back through the gateway 63 s after its stack was killed, the
-# conformance matrix 19-22 s, teardown 81 s). With cpu-llamacpp backends it was 275 s alone, 688 s in make test's lanes.
+# conformance matrix 19-22 s, teardown 81 s); 742 s in make test's four lanes (the two stacks' deploy 335 s). With
+# cpu-llamacpp backends it was 275 s alone, 688 s in make test's lanes.
 e2e-office: venv ## the office gateway in front of cpu--lan (vLLM) deployed on two stand-in hosts
 	@$(call TIER,e2e-office) $(BIN)/pytest -q -s -p no:cacheprovider --durations=10 tests/office
 

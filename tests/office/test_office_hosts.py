@@ -73,8 +73,8 @@ BIN = Path(sys.executable).parent
 REHEARSE = REPO_ROOT / "tests" / "rehearse"
 # /etc/hosts lines of this run, between these two markers (removed at its end, nothing else touched).
 HOSTS_BEGIN, HOSTS_END = "# ds4deploy tests/office: begin", "# ds4deploy tests/office: end"
-# Seconds the stack's deploy on the two hosts may take: 130-150 s here (2026-12-04, two vLLM stacks; the llama.cpp
-# stacks took 69-81 s); eight times that bounds a CI host much busier than ours and still ends a hung deploy.
+# Seconds the stack's deploy on the two hosts may take: 130-150 s alone here, 335 s in make test's last phase
+# (2026-12-04, two vLLM stacks); over three times that bounds a CI host much busier than ours and ends a hung deploy.
 DEPLOY_TIMEOUT_S = 1200
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="stand-in hosts need root (namespaces, dockerd)")
