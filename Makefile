@@ -224,16 +224,16 @@ multinode-beside-rehearse: venv $(ENGINE_VENV)/.pins rehearse-deps ## tests/mult
 
 # `make test`'s last phase, after tests/multinode (the one tier that restarts the Docker daemon): `make llamacpp` (the
 # llamacpp-cpu image the llama.cpp lanes serve with, labelled as a deploy labels it) and the gateway's router image,
-# each built once, then four lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp on this machine: ports 8020/8021),
-# `make e2e-office` (the cpu recipe's lan variant on two stand-in hosts with their own /etc/ds4deploy and
-# /opt/ds4deploy and Docker daemons; its supervisor, journal and incident folder on this machine are named after the variant; the
-# office gateway on 8030-8032; .cache/office.log), `make e2e-gateway` (its backends on 18121-18123, the gateway on
+# each built once, then four lanes: `make e2e-llamacpp`'s steps (cpu-llamacpp on this machine: ports 8020/8021), `make
+# e2e-office` (the cpu recipe's lan variant on two stand-in hosts with their own /etc/ds4deploy and /opt/ds4deploy and
+# Docker daemons; its supervisor, journal and incident folder on this machine are named after the variant; the office
+# gateway on 8030-8032; .cache/office.log), `make e2e-gateway` (its backends on 18121-18123, the gateway on
 # 18140-18142; .cache/gateway.log) and tests/offline (the cpu recipe from a bundle on its own ports, the engine-cpu
 # image removed and loaded again, within a turn at the Docker daemon (tests/support/host_docker.py) that the office
-# lane takes too to stream that image into its hosts; .cache/offline.log). None takes a fingerprint of the host
-# or restarts the Docker daemon; their stacks, key files, supervisors and incident folders are their own.
-# tests/offline blocks outbound network (iptables OUTPUT, all but loopback, the Docker bridges and the stand-in hosts'
-# links) for its deploy: the others need none once their images are built, which is why the images come first.
+# lane takes too to stream that image into its hosts; .cache/offline.log). None takes a fingerprint of the host or
+# restarts the Docker daemon; their stacks, key files, supervisors and incident folders are their own. tests/offline
+# blocks outbound network (iptables OUTPUT, all but loopback, the Docker bridges and the stand-in hosts' links) for
+# its deploy: the others need none once their images are built, which is why the images come first.
 last-lanes: venv ## make llamacpp and the gateway image, then e2e-llamacpp-steps beside e2e-office, e2e-gateway, tests/offline
 	@$(MAKE) --no-print-directory llamacpp && $(call TIER,gateway image) $(BIN)/ds4deploy gateway image >/dev/null
 	@tools/beside '$(MAKE) --no-print-directory e2e-llamacpp-steps' \

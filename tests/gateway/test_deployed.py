@@ -266,11 +266,6 @@ def test_backends_accept_their_own_key_and_the_gateways(office) -> None:
 REVOKE_TRIES = 3
 
 
-def _keys_reload(office) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ds4deploy.cli", "gateway", "keys", str(office["recipe"]), "--reload"],
-                          capture_output=True, text=True, cwd=REPO, check=False)
-
-
 def test_revoked_key_is_refused_at_once(office) -> None:
     """bob's line removed and `ds4deploy gateway keys --reload`: his next request is refused at the door, as Bearer and
     as x-api-key, while alice is answered; the stream bob had open when his key was revoked ends whole, its chunks
@@ -282,7 +277,7 @@ def test_revoked_key_is_refused_at_once(office) -> None:
     for attempt in range(REVOKE_TRIES):
         if attempt:  # bob's key back, for a new stream
             office["people_file"].write_text("".join(f"{p} {k}\n" for p, k in keys.items()))
-            assert _keys_reload(office).returncode == 0
+            assert _cli("gateway", "keys", str(office["recipe"]), "--reload").returncode == 0
         old_workers = nginx_reload.workers(door)
         assert old_workers and set(old_workers.values()) == {nginx_reload.WORKER}, old_workers
         stream: dict = {}
@@ -293,7 +288,7 @@ def test_revoked_key_is_refused_at_once(office) -> None:
             time.sleep(0.02)
         assert stream.get("times"), (stream.get("status"), stream.get("head"))
         office["people_file"].write_text("".join(f"{p} {k}\n" for p, k in keys.items() if p != "bob"))
-        p = _keys_reload(office)
+        p = _cli("gateway", "keys", str(office["recipe"]), "--reload")
         reloaded = time.monotonic()
         assert p.returncode == 0, p.stderr
         assert "no key (refused at the door): bob" in p.stdout and f"reloaded ds4-gw-{NAME}-front-door" in p.stdout

@@ -147,24 +147,26 @@ class Office:
             "children": {"gateway": {"hosts": {"localhost": {}}}}}}, sort_keys=False))
         return stack, office
 
-    def images_here(self) -> None:
+    def images_here(self, want: str) -> None:
         """Fails the run, naming the fix, when an image the hosts get from this machine is missing, or when the
-        engine image's context label is not the recipe's: the hosts' deploy keeps an image only with the recipe's
-        label (roles/image/tasks/build.yml; else it builds, with no registry or mirror here). `make deploy RECIPE=cpu`
-        builds it with that label."""
+        engine image's context label is not `want`, the recipe's (`ds4deploy image context`): the hosts' deploy keeps
+        an image only with the recipe's label (roles/image/tasks/build.yml; else it builds, with no registry or mirror
+        here). `make deploy RECIPE=cpu` builds it with that label."""
         missing = [ref for ref in (STACK.image_ref, front_door.IMAGE, router_image())
                    if subprocess.run(["docker", "image", "inspect", ref], capture_output=True, check=False).returncode]
         if missing:
             pytest.fail(f"{', '.join(missing)} not on this machine. Fix: `make deploy RECIPE={STACK.base_name}` (the "
                         "engine image and the front door) and `ds4deploy gateway image` (the router)")
-        want = json.loads(subprocess.run([str(BIN / "ds4deploy"), "image", "context", RECIPE, "--dest",
-                                          str(self.tmp / "context")], capture_output=True, text=True, check=True,
-                                         timeout=600).stdout)["sha256"]
         if (label := context_label(STACK.image_ref)) != want:
             pytest.fail(f"{STACK.image_ref} carries context label '{label}', not {want}. Fix: `make deploy "
                         f"RECIPE={STACK.base_name}` (it builds the image again with that label)")
 
     def up(self) -> None:
+        # The recipe's context label, made before the turn below (it reads no Docker), which is held for as short as
+        # it can be.
+        want = json.loads(subprocess.run([str(BIN / "ds4deploy"), "image", "context", RECIPE, "--dest",
+                                          str(self.tmp / "context")], capture_output=True, text=True, check=True,
+                                         timeout=600).stdout)["sha256"]
         taken = [p for p in (Path(OFFICE.key_file), Path(OFFICE.people_key_file)) if p.exists()]
         if taken or _gateway_containers() or nodes.RUN.exists():
             pytest.skip(f"{', '.join(map(str, taken)) or 'the office gateway or stand-in nodes'} exist(s) already: "
@@ -186,7 +188,7 @@ class Office:
         # tests/offline, in the lane beside, removes the engine image and loads it again from its bundle within a turn,
         # for as long as its offline deploy may take.
         with host_docker.turn(wait_s=host_docker.OFFLINE_DEPLOY_S):  # streams images out of this machine's daemon
-            self.images_here()
+            self.images_here(want)
             nodes.load_images(self.nodes, [STACK.image_ref, front_door.IMAGE])
         print(f"\nhosts up and images loaded: {time.monotonic() - t0:.0f} s")
         # The keys as an owner leaves them (docs/gateway.md, "Backends"), on each host: the stack's own key (each

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from ds4deploy.conformance import cases
+from ds4deploy.recipe.load import load_recipe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,7 +36,7 @@ def through_gateway(recipe: str, url: str, key_file: Path, model: str, out: Path
 
     Raises AssertionError when the CLI wrote no report, or the report's rows are not the committed report's rows of
     these cases."""
-    base = recipe.split("--")[0]
+    base = load_recipe(recipe).base_name
     t0 = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "ds4deploy.cli", "conformance", recipe, "--url", url, "--key-file",
                         str(key_file), "--model", model, "--out", str(out), "--only", ",".join(MATRIX_CASES),
